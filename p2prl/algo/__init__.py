@@ -1,0 +1,45 @@
+"""Policy-gradient objectives: GRPO, GSPO and GEPO (see /work/shared/GEPO_SPEC.md).
+
+    from p2prl.algo import group_advantages, grpo_loss, gspo_loss, gepo_loss
+
+Pure torch functions, no I/O. ``LOSSES`` maps "grpo"/"gspo"/"gepo" to the loss.
+
+How this departs from the paper (arXiv 2508.17850) and the authors' code:
+
+- Formulas are the paper's. The GEPO denominator
+  ``log E_g = logsumexp(2 lq) - logsumexp(lq)`` is computed in log space from
+  length-normalised sampler log-probs and carries no gradient.
+- ``scope`` option of ``gepo_loss``: which sequences form "the group" for the
+  denominator. ``"group"`` (default) is the paper's meaning, the G completions
+  of one prompt (contiguous blocks of ``group_size`` rows); ``"batch"`` uses
+  all B rows passed in, reproducing the authors' code (their denominator runs
+  over a shuffled micro-batch of mixed prompts). ``group_size`` must divide B
+  under both scopes; pass ``group_size=B`` for a mixed micro-batch.
+- Extra, not in the paper: keyword-only ``estimator="mean"`` in ``gepo_loss``
+  uses the arithmetic mean of q_j (unbiased for E_q[q]) instead of the paper's
+  biased sum q^2 / sum q, which stays the default.
+- ``group_advantages`` uses the unbiased (n-1) group std, like TRL's GRPO;
+  the spec does not say which. GEPO runs should pass ``scale_std=False``.
+- Inputs below float32 are computed in float32; the loss is a mean over
+  sequences of per-sequence token means (spec), not a mean over all tokens.
+"""
+
+from p2prl.algo.advantages import group_advantages
+from p2prl.algo.losses import (
+    LOSSES,
+    gepo_log_denominator,
+    gepo_loss,
+    gepo_weights,
+    grpo_loss,
+    gspo_loss,
+)
+
+__all__ = [
+    "LOSSES",
+    "gepo_log_denominator",
+    "gepo_loss",
+    "gepo_weights",
+    "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+]

@@ -1,0 +1,147 @@
+"""One typed config tree, loaded from sparse TOML files with dotted CLI overrides.
+
+Every field has bounds and a description; unknown keys are refused. Example::
+
+    p2prl train --config configs/default.toml algo.name=gspo train.steps=100
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("builtin", description="Local Hugging Face model folder, or 'builtin' for the shipped tiny model.")
+
+
+class TaskConfig(_Section):
+    digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition task.")
+    seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
+    heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")
+
+
+class SamplingConfig(_Section):
+    group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (one group).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature; log-probs are taken at it.")
+    top_k: int = Field(0, ge=0, description="Top-k truncation (0 = off).")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus truncation (1 = off).")
+    max_new_tokens: int = Field(6, ge=1, le=32768, description="Maximum completion length in tokens.")
+
+
+class AlgoConfig(_Section):
+    name: Literal["gepo", "gspo", "grpo"] = Field("gepo", description="Policy objective (GEPO: arXiv 2508.17850).")
+    eps: float = Field(0.2, gt=0.0, le=10.0, description="Clip range of GRPO's token ratio and GEPO's weight.")
+    gspo_eps_low: float = Field(3e-4, gt=0.0, le=10.0, description="GSPO lower clip (GSPO paper: 3e-4).")
+    gspo_eps_high: float = Field(4e-4, gt=0.0, le=10.0, description="GSPO upper clip (GSPO paper: 4e-4).")
+    scope: Literal["group", "batch"] = Field(
+        "group", description="GEPO denominator over one prompt's G completions (paper) or the whole batch (authors' code)."
+    )
+    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler (HeteroRL runs: 0.005).")
+    scale_std: bool | None = Field(
+        None, description="Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."
+    )
+
+    @property
+    def std_scaling(self) -> bool:
+        return self.scale_std if self.scale_std is not None else self.name != "gepo"
+
+
+class TrainConfig(_Section):
+    steps: int = Field(120, ge=1, le=10_000_000, description="Learner optimizer steps (policy versions) to run.")
+    groups_per_step: int = Field(16, ge=1, le=65_536, description="Groups (prompts) per optimizer step.")
+    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate (constant after warmup).")
+    warmup_frac: float = Field(0.03, ge=0.0, le=1.0, description="Share of steps with linear warmup (paper: 3%).")
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
+    seed: int = Field(0, ge=0, description="Seed of sampling, prompt order and initialisation.")
+    eval_every: int = Field(10, ge=1, description="Evaluate held-out accuracy every this many versions.")
+    checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many versions.")
+    out_dir: str = Field("runs/default", description="Where metrics.jsonl and checkpoint/ are written.")
+    threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = torch's default).")
+
+
+class StalenessConfig(_Section):
+    max_staleness: int = Field(
+        8, ge=0, le=1_000_000, description="Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."
+    )
+    delay: Literal["none", "fixed", "lognormal"] = Field(
+        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions) or the paper's clipped log-normal."
+    )
+    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the log-normal's clip (max delay), in versions.")
+    lognormal_median_frac: float = Field(
+        0.177, gt=0.0, le=1.0, description="Log-normal median as a share of the max delay (paper: 339 s of 1920 s)."
+    )
+    lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
+
+
+class Config(_Section):
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    sampling: SamplingConfig = SamplingConfig()
+    algo: AlgoConfig = AlgoConfig()
+    train: TrainConfig = TrainConfig()
+    staleness: StalenessConfig = StalenessConfig()
+
+    def run_identity(self) -> dict[str, Any]:
+        """The fields a checkpoint must agree with to be resumed."""
+        return {k: getattr(self, k).model_dump() for k in ("model", "task", "sampling", "algo")}
+
+
+class ConfigError(ValueError):
+    """A config file or override that does not validate; the message names the key."""
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = tree
+    for p in parents:
+        node = node.setdefault(p, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {dotted!r}: {p!r} is not a section")
+    node[leaf] = value
+
+
+def _format(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(x) for x in e["loc"])
+        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        lines.append(f"  {key}: {msg}")
+    return "invalid config:\n" + "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
+    """Load ``path`` (TOML; None = defaults) and apply ``section.key=value`` overrides."""
+    tree: dict = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            tree = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, value = item.split("=", 1)
+        _set_dotted(tree, key.strip(), _parse_value(value.strip()))
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as e:
+        raise ConfigError(_format(e)) from None

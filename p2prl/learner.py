@@ -1,0 +1,83 @@
+"""The learner's update: rollout groups in, one optimizer step out.
+
+Shared by ``p2prl train`` and swarm learners. Rewards used here are the ones the
+verifier recomputed, never a sampler's claim.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from p2prl.algo import LOSSES, group_advantages
+from p2prl.config import Config
+from p2prl.policy import Policy, sequence_logprobs
+from p2prl.rollout import RolloutGroup
+
+
+def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
+    """Stack groups into left-padded prompts and right-padded completions, rows grouped by G."""
+    rows = [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]]) for g in groups for i in range(g.group_size)]
+    B, P, T = len(rows), max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    prompt = torch.full((B, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    comp = torch.full((B, T), pad_id, dtype=torch.long)
+    logq = torch.zeros((B, T))
+    mask = torch.zeros((B, T))
+    for i, (p, c, q) in enumerate(rows):
+        prompt[i, P - len(p) :] = torch.from_numpy(p.astype(np.int64))
+        prompt_mask[i, P - len(p) :] = 1
+        comp[i, : len(c)] = torch.from_numpy(c.astype(np.int64))
+        logq[i, : len(q)] = torch.from_numpy(q)
+        mask[i, : len(c)] = 1.0
+    rewards = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
+    return {"prompt": prompt, "prompt_mask": prompt_mask, "completion": comp, "logq": logq, "mask": mask, "rewards": rewards}
+
+
+class LearnerCore:
+    """Owns the trainable policy, its optimizer and the policy version."""
+
+    def __init__(self, policy: Policy, cfg: Config):
+        self.policy, self.cfg = policy, cfg
+        self.version = 0
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        warmup = max(1, round(t.warmup_frac * t.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        policy.model.train()
+
+    def loss(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
+        a, s = self.cfg.algo, self.cfg.sampling
+        batch = collate(groups, self.policy.pad_id)
+        G = groups[0].group_size
+        logp = sequence_logprobs(
+            self.policy.model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature
+        )  # (B, T)
+        adv = group_advantages(batch["rewards"], G, a.std_scaling)  # (B,)
+        args = (logp, batch["logq"], batch["mask"], adv)
+        if a.name == "gepo":
+            loss, m = LOSSES["gepo"](*args, group_size=G, eps=a.eps, scope=a.scope, beta_kl=a.beta_kl)
+        elif a.name == "gspo":
+            loss, m = LOSSES["gspo"](*args, eps_low=a.gspo_eps_low, eps_high=a.gspo_eps_high)
+        else:
+            loss, m = LOSSES["grpo"](*args, eps=a.eps)
+        m = {f"loss/{k}": v for k, v in m.items()}
+        m["rollout/reward"] = float(batch["rewards"].mean())
+        m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
+        m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
+        return loss, m
+
+    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """One optimizer step on ``groups``; advances the policy version."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self.loss(groups)
+        loss.backward()
+        metrics["loss/grad_norm"] = float(
+            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.train.max_grad_norm)
+        )
+        self.optimizer.step()
+        self.scheduler.step()
+        self.version += 1
+        metrics["policy/version"] = self.version
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics

@@ -1,0 +1,59 @@
+"""The sampler's half: generate groups with the policy version it holds, score them, tag them."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from p2prl.config import Config
+from p2prl.policy import Policy
+from p2prl.policy.generate import generate
+from p2prl.rollout import RolloutGroup
+from p2prl.task import AdditionTask, score
+from p2prl.weights import load_weights
+
+
+class SamplerCore:
+    def __init__(self, policy: Policy, task: AdditionTask, cfg: Config, run_id: str, name: str):
+        self.policy, self.task, self.cfg = policy, task, cfg
+        self.run_id, self.name = run_id, name
+        self.version, self.weights_sha256 = 0, ""
+        self.groups_made = 0
+
+    def load(self, blob: bytes, version: int, sha256: str) -> None:
+        """Load verified safetensors weights for ``version`` into the generation model."""
+        load_weights(self.policy.model, blob)
+        self.version, self.weights_sha256 = version, sha256
+
+    def _seed(self) -> int:
+        h = hashlib.blake2b(f"{self.cfg.train.seed}:{self.name}:{self.groups_made}".encode(), digest_size=8)
+        return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF
+
+    def rollout(self, prompt_ids: list[int]) -> list[RolloutGroup]:
+        """One group per prompt id, all generated with the current version."""
+        s = self.cfg.sampling
+        problems = [self.task.problem(i) for i in prompt_ids]
+        comps = generate(
+            self.policy, [p.prompt for p in problems], s.group_size, s.max_new_tokens,
+            s.temperature, s.top_k, s.top_p, seed=self._seed(),
+        )
+        groups = []
+        for prob, c in zip(problems, comps):
+            groups.append(
+                RolloutGroup(
+                    group_id=f"{self.name}/{self.groups_made}",
+                    run_id=self.run_id,
+                    prompt_id=prob.prompt_id,
+                    policy_version=self.version,
+                    weights_sha256=self.weights_sha256,
+                    prompt_ids=c.prompt_ids,
+                    tokens=c.tokens,
+                    lengths=c.lengths,
+                    logq=c.logq,
+                    rewards=np.array([score(t, prob.answer) for t in c.texts], dtype=np.float32),
+                    sampler=self.name,
+                )
+            )
+            self.groups_made += 1
+        return groups
