@@ -12,13 +12,15 @@ Every rejection and drop is counted in ``counts``.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Callable
 
 from p2prl.rollout import RecordError, RolloutGroup
 
 
 class AdmissionBuffer:
-    def __init__(self, max_staleness: int):
+    def __init__(self, max_staleness: int, on_drop: Callable[[RolloutGroup], None] = lambda g: None):
         self.max_staleness = max_staleness
+        self.on_drop = on_drop
         self.pending: list[RolloutGroup] = []
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
@@ -40,12 +42,15 @@ class AdmissionBuffer:
         self._new_since_pick = True
         self.counts["admitted"] += 1
 
-    def evict_stale(self, learner_version: int) -> int:
-        keep = [g for g in self.pending if learner_version - g.policy_version <= self.max_staleness]
-        dropped = len(self.pending) - len(keep)
+    def evict_stale(self, learner_version: int) -> None:
+        keep = []
+        for g in self.pending:
+            if learner_version - g.policy_version <= self.max_staleness:
+                keep.append(g)
+            else:
+                self.counts["dropped_stale"] += 1
+                self.on_drop(g)
         self.pending = keep
-        self.counts["dropped_stale"] += dropped
-        return dropped
 
     def select(self, n: int, learner_version: int) -> list[RolloutGroup] | None:
         """Pick ``n`` groups by the selection rule, or None if fewer are waiting."""

@@ -34,16 +34,103 @@ def _build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--fresh", action="store_true", help="ignore and replace an existing checkpoint in train.out_dir")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar (metrics still go to metrics.jsonl)")
     _add_config_args(tr)
+
+    bs = sub.add_parser(
+        "bootstrap", help="host a bootstrap node (a long-lived DHT peer that others join through)",
+        description="Run a hivemind DHT node that volunteers join through. Prints the multiaddrs to publish; "
+        "keeps a stable peer id in --identity-path; stops cleanly on Ctrl-C / SIGTERM.",
+    )
+    bs.add_argument("--host-maddrs", nargs="+", default=["/ip4/0.0.0.0/tcp/31337"], metavar="MADDR",
+                    help="listen addresses (default: all IPv4 interfaces, TCP port 31337)")
+    bs.add_argument("--announce-maddrs", nargs="+", default=[], metavar="MADDR",
+                    help="public addresses to announce, e.g. /ip4/203.0.113.7/tcp/31337 behind port forwarding")
+    bs.add_argument("--identity-path", default="bootstrap.id",
+                    help="private key file for a stable peer id; created when missing (default: ./bootstrap.id)")
+    bs.add_argument("--initial-peers", nargs="*", default=[], metavar="MADDR",
+                    help="other bootstrap nodes to link with (several bootstraps make one DHT)")
+    bs.add_argument("--loopback", action="store_true",
+                    help="listen on 127.0.0.1 only, with relay, NAT probing and IPFS off (local swarms, tests)")
+    bs.add_argument("--maddrs-file", default=None, help="also write the visible multiaddrs to this file, one a line")
+
+    jn = sub.add_parser(
+        "join", help="join a swarm as a sampler or a learner",
+        description="Join a training run through any reachable bootstrap. Samplers generate rollouts with the "
+        "policy version they hold and stream them to learners; learners verify, train with the configured "
+        "objective and publish new versions. Stops cleanly on Ctrl-C / SIGTERM.",
+    )
+    jn.add_argument("--role", choices=["sampler", "learner"], required=True)
+    _add_network_args(jn)
+    jn.add_argument("--client-mode", action="store_true",
+                    help="outbound connections only (a sampler behind NAT); learners must be reachable")
+    jn.add_argument("--host-maddrs", nargs="+", metavar="MADDR", help="listen addresses (default /ip4/0.0.0.0/tcp/0)")
+    jn.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", help="public addresses to announce")
+    jn.add_argument("--identity-path", help="private key file for a stable peer id (created when missing)")
+    jn.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_args(jn)
+
+    st = sub.add_parser("status", help="show the live peers of a run",
+                        description="Join the DHT as a client and print the live peers of a run by role.")
+    _add_network_args(st)
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+
+    sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
+    swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
+    up = swsub.add_parser(
+        "up", help="start a bootstrap, samplers and a learner on 127.0.0.1 and train",
+        description="Start a bootstrap, N samplers and one learner as separate processes on 127.0.0.1 "
+        "(loopback-only settings) and train until the learner reaches train.steps. Ctrl-C stops every child. "
+        "Logs of every peer go to <train.out_dir>/logs/.",
+    )
+    up.add_argument("--samplers", type=int, default=2, help="number of sampler processes (default 2)")
+    up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
+    up.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_config_args(up)
     return ap
+
+
+def _add_network_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
+                   help="multiaddrs of bootstrap peers (full /ip4/.../tcp/.../p2p/<id> form); any reachable one suffices")
+    p.add_argument("--run-id", default=None, help="name of the training run (overrides swarm.run_id)")
+    p.add_argument("--loopback", action="store_true",
+                   help="127.0.0.1 only, relay / NAT probing / IPFS off (local swarms and tests)")
 
 
 def _load_config(args: argparse.Namespace):
     from p2prl.config import load_config
 
-    overrides = list(args.overrides)
-    if getattr(args, "algo", None):
-        overrides.append(f"algo.name={args.algo}")
-    return load_config(args.config, overrides)
+    # `--initial-peers A B train.steps=5`: argparse hands the override to the list flag; move it back
+    overrides = list(getattr(args, "overrides", []))
+    for name in ("initial_peers", "host_maddrs", "announce_maddrs"):
+        items = getattr(args, name, None)
+        if items:
+            overrides += [i for i in items if "=" in i]
+            setattr(args, name, [i for i in items if "=" not in i])
+    cfg = load_config(args.config, overrides)
+    flags = {
+        ("algo", "name"): getattr(args, "algo", None),
+        ("swarm", "run_id"): getattr(args, "run_id", None),
+        ("swarm", "initial_peers"): getattr(args, "initial_peers", None),
+        ("swarm", "loopback"): getattr(args, "loopback", None) or None,
+        ("swarm", "client_mode"): getattr(args, "client_mode", None) or None,
+        ("swarm", "host_maddrs"): getattr(args, "host_maddrs", None),
+        ("swarm", "announce_maddrs"): getattr(args, "announce_maddrs", None),
+        ("swarm", "identity_path"): getattr(args, "identity_path", None),
+    }
+    for (section, field), value in flags.items():
+        if value is not None:
+            setattr(getattr(cfg, section), field, value)
+    return cfg
+
+
+def _stop_on_signals():
+    import signal
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -55,15 +142,68 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_bootstrap(args: argparse.Namespace) -> int:
+    from p2prl.swarm.bootstrap import serve
+
+    return serve(
+        host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs, identity_path=args.identity_path,
+        initial_peers=args.initial_peers, loopback=args.loopback, maddrs_file=args.maddrs_file,
+    )
+
+
+def _cmd_join(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    from p2prl.log import setup_logging
+
+    setup_logging(args.role)
+    stop = _stop_on_signals()
+    if args.role == "learner":
+        if cfg.swarm.client_mode:
+            raise _usage("a learner must accept connections; --client-mode is for samplers")
+        from p2prl.swarm.learner_role import run_learner
+
+        summary = run_learner(cfg, stop, progress=not args.no_progress)
+    else:
+        from p2prl.swarm.sampler_role import run_sampler
+
+        summary = run_sampler(cfg, stop)
+    print(json.dumps(summary, indent=1), flush=True)
+    return 0
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    from p2prl.swarm.status import show_status
+
+    return show_status(cfg, as_json=args.json)
+
+
+def _cmd_swarm(args: argparse.Namespace) -> int:
+    cfg = _load_config(args)
+    from p2prl.swarm.local import swarm_up
+
+    return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
+                    progress=not args.no_progress)
+
+
+def _usage(msg: str) -> Exception:
+    from p2prl.config import ConfigError
+
+    return ConfigError(msg)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     from p2prl.checkpoint import CheckpointError
     from p2prl.config import ConfigError
     from p2prl.policy.model import PolicyLoadError
+    from p2prl.swarm.dht import BootstrapError
 
     try:
-        return {"train": _cmd_train}[args.command](args)
-    except (ConfigError, CheckpointError, PolicyLoadError) as e:
+        commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
+                    "swarm": _cmd_swarm}
+        return commands[args.command](args)
+    except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -82,6 +82,28 @@ class StalenessConfig(_Section):
     lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
 
 
+class SwarmConfig(_Section):
+    run_id: str = Field("p2prl-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
+                        description="Name of the training run; DHT keys and records are namespaced by it.")
+    initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs; any reachable one suffices.")
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"], description="Multiaddrs to listen on.")
+    announce_maddrs: list[str] = Field(default_factory=list, description="Public multiaddrs to announce (behind port forwarding).")
+    client_mode: bool = Field(False, description="Outbound connections only (peers behind NAT); not usable for learners.")
+    loopback: bool = Field(False, description="Loopback-only settings for local swarms and tests: no relay, NAT probing or IPFS.")
+    identity_path: str = Field("", description="Private key file for a stable peer id (created when missing).")
+    heartbeat_s: float = Field(5.0, gt=0.1, le=3600.0, description="Seconds between peer-record announcements; records expire after 3x.")
+    poll_s: float = Field(1.0, gt=0.01, le=600.0, description="Seconds between DHT look-ups of the latest policy / learners.")
+    rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0, description="Timeout of one stream exchange with a peer.")
+    bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
+    max_record_mb: float = Field(16.0, gt=0.0, le=4096.0, description="Largest rollout record a learner accepts.")
+    max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0, description="Largest weight file a sampler accepts.")
+    keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
+    max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
+    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
+    outbox_limit: int = Field(256, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
+    checkpoint_every: int = Field(1, ge=1, description="A swarm learner checkpoints every this many versions.")
+
+
 class Config(_Section):
     model: ModelConfig = ModelConfig()
     task: TaskConfig = TaskConfig()
@@ -89,6 +111,7 @@ class Config(_Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     staleness: StalenessConfig = StalenessConfig()
+    swarm: SwarmConfig = SwarmConfig()
 
     def run_identity(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed."""

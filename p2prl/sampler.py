@@ -15,9 +15,11 @@ from p2prl.weights import load_weights
 
 
 class SamplerCore:
-    def __init__(self, policy: Policy, task: AdditionTask, cfg: Config, run_id: str, name: str):
+    def __init__(self, policy: Policy, task: AdditionTask, cfg: Config, run_id: str, peer_id: str, session: str = ""):
+        """Group ids are ``<peer_id>/<session>/<n>``: unique across restarts when ``session`` is fresh."""
         self.policy, self.task, self.cfg = policy, task, cfg
-        self.run_id, self.name = run_id, name
+        self.run_id, self.peer_id = run_id, peer_id
+        self.prefix = f"{peer_id}/{session}" if session else peer_id
         self.version, self.weights_sha256 = 0, ""
         self.groups_made = 0
 
@@ -27,8 +29,16 @@ class SamplerCore:
         self.version, self.weights_sha256 = version, sha256
 
     def _seed(self) -> int:
-        h = hashlib.blake2b(f"{self.cfg.train.seed}:{self.name}:{self.groups_made}".encode(), digest_size=8)
+        h = hashlib.blake2b(f"{self.cfg.train.seed}:{self.prefix}:{self.groups_made}".encode(), digest_size=8)
         return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF
+
+    def own_prompt_ids(self, n: int) -> list[int]:
+        """The next ``n`` prompt ids of this sampler's deterministic stream (swarm samplers)."""
+        out = []
+        for i in range(self.groups_made, self.groups_made + n):
+            h = hashlib.blake2b(f"{self.cfg.task.seed}:{self.prefix}:{i}".encode(), digest_size=5)
+            out.append(int.from_bytes(h.digest(), "little"))
+        return out
 
     def rollout(self, prompt_ids: list[int]) -> list[RolloutGroup]:
         """One group per prompt id, all generated with the current version."""
@@ -42,7 +52,7 @@ class SamplerCore:
         for prob, c in zip(problems, comps):
             groups.append(
                 RolloutGroup(
-                    group_id=f"{self.name}/{self.groups_made}",
+                    group_id=f"{self.prefix}/{self.groups_made}",
                     run_id=self.run_id,
                     prompt_id=prob.prompt_id,
                     policy_version=self.version,
@@ -52,7 +62,7 @@ class SamplerCore:
                     lengths=c.lengths,
                     logq=c.logq,
                     rewards=np.array([score(t, prob.answer) for t in c.texts], dtype=np.float32),
-                    sampler=self.name,
+                    sampler=self.peer_id,
                 )
             )
             self.groups_made += 1

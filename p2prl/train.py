@@ -49,7 +49,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
 
     task = AdditionTask(digits=cfg.task.digits, seed=cfg.task.seed)
     learner = LearnerCore(load_policy(start_from), cfg)
-    sampler = SamplerCore(load_policy(start_from), task, cfg, RUN_ID, name="sampler0")
+    sampler = SamplerCore(load_policy(start_from), task, cfg, RUN_ID, peer_id="sampler0")
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)
     buffer = AdmissionBuffer(cfg.staleness.max_staleness)

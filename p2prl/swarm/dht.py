@@ -1,0 +1,114 @@
+"""Starting a hivemind DHT with p2prl's settings, namespaced keys, typed peer records."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import ClassVar, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from p2prl import PROTOCOL_VERSION, __version__
+
+log = logging.getLogger("p2prl.dht")
+
+LOOPBACK_MADDR = "/ip4/127.0.0.1/tcp/0"
+
+
+class BootstrapError(RuntimeError):
+    """No initial peer could be reached; the message says what to check."""
+
+
+def dht_kwargs(
+    *, host_maddrs: list[str], announce_maddrs: list[str] = (), loopback: bool = False,
+    identity_path: str = "", client_mode: bool = False,
+) -> dict:
+    """Keyword arguments for ``hivemind.DHT``: loopback-only when asked, never IPFS."""
+    kw: dict = {
+        "host_maddrs": [LOOPBACK_MADDR] if loopback else list(host_maddrs),
+        "use_ipfs": False,
+        "client_mode": client_mode,
+    }
+    if announce_maddrs:
+        kw["announce_maddrs"] = list(announce_maddrs)
+    if identity_path:
+        kw["identity_path"] = identity_path
+    if loopback:
+        kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False)
+    return kw
+
+
+def start_dht(initial_peers: list[str], timeout_s: float, **kw):
+    """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` with what to check."""
+    import hivemind
+
+    if initial_peers:
+        for maddr in initial_peers:
+            if "/p2p/" not in maddr:
+                raise BootstrapError(
+                    f"initial peer {maddr!r} has no /p2p/<peer id> part; copy the full multiaddr "
+                    "that `p2prl bootstrap` prints"
+                )
+    try:
+        return hivemind.DHT(initial_peers=initial_peers or None, start=True, startup_timeout=timeout_s, **dht_kwargs(**kw))
+    except Exception as e:  # hivemind raises bare exceptions from its child process
+        if initial_peers:
+            raise BootstrapError(
+                f"could not join the DHT through any of {len(initial_peers)} initial peer(s): {e}\n"
+                "check that: the multiaddrs are complete and current (a bootstrap's peer id changes unless it "
+                "uses --identity-path), the bootstrap is running, its TCP port is open in its firewall, "
+                "and the address is reachable from here (public IP, or 127.0.0.1 only on the same machine)"
+            ) from None
+        raise
+
+
+def key(run_id: str, *parts: str) -> str:
+    """A DHT key in the run's namespace: ``p2prl/<run_id>/<part>/...``."""
+    return "/".join(("p2prl", run_id, *parts))
+
+
+class _Record(BaseModel):
+    """A msgpack-encoded, schema-validated DHT value; ``decode`` returns None for anything invalid."""
+
+    model_config = ConfigDict(extra="forbid")
+    MAX_BYTES: ClassVar[int] = 4096
+
+    def encode(self) -> bytes:
+        return msgpack.packb(self.model_dump(), use_bin_type=True)
+
+    @classmethod
+    def decode(cls, raw: object):
+        if not isinstance(raw, bytes) or len(raw) > cls.MAX_BYTES:
+            return None
+        try:
+            return cls.model_validate(msgpack.unpackb(raw, raw=False))
+        except (ValidationError, ValueError, TypeError, msgpack.UnpackException):
+            return None
+
+
+class PeerRecord(_Record):
+    """What every peer announces under ``key(run_id, "peers")`` with a TTL heartbeat."""
+
+    role: Literal["sampler", "learner", "bootstrap"]
+    run_id: str = Field(max_length=64)
+    peer_id: str = Field(max_length=128)
+    policy_version: int = Field(ge=0)
+    throughput: float = Field(ge=0.0, le=1e12, description="groups/s (sampler: generated, learner: trained)")
+    queue_depth: int = Field(ge=0, le=10**9)
+    protocol: int
+    software: str = Field(max_length=32)
+    updated: float
+
+
+def new_record(role: str, run_id: str, peer_id: str, **fields) -> PeerRecord:
+    return PeerRecord(role=role, run_id=run_id, peer_id=peer_id, protocol=PROTOCOL_VERSION,
+                      software=__version__, updated=time.time(), **fields)
+
+
+class PolicyRecord(_Record):
+    """A published policy version: ``key(run_id, "policy")``, subkey = publishing learner."""
+
+    version: int = Field(ge=0)
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(gt=0)

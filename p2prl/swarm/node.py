@@ -1,0 +1,199 @@
+"""``SwarmNode``: one peer's DHT client and libp2p streams, behind a small blocking API.
+
+hivemind's DHT runs in its own process; this class replicates its P2P client into an
+asyncio loop on a background thread, so role loops stay plain blocking code. Every
+network call has a timeout. Messages on a stream are frames: an 8-byte big-endian
+length, then the payload written in 64 KiB chunks; a frame longer than the reader's
+bound is refused before it is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from typing import Awaitable, Callable
+
+from p2prl.config import SwarmConfig
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, start_dht
+
+log = logging.getLogger("p2prl.node")
+
+CHUNK = 1 << 16
+Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class FrameError(ConnectionError):
+    pass
+
+
+async def write_frame(writer: asyncio.StreamWriter, *parts: bytes) -> None:
+    """One frame whose payload is ``parts`` concatenated (without copying them)."""
+    writer.write(sum(len(p) for p in parts).to_bytes(8, "big"))
+    for part in parts:
+        view = memoryview(part)
+        for off in range(0, len(view), CHUNK):
+            writer.write(view[off : off + CHUNK])
+            await writer.drain()
+    await writer.drain()
+
+
+async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
+    n = int.from_bytes(await reader.readexactly(8), "big")
+    if n > max_len:
+        raise FrameError(f"frame of {n} bytes exceeds the limit of {max_len}")
+    return await reader.readexactly(n)
+
+
+class SwarmNode:
+    def __init__(self, cfg: SwarmConfig, role: str):
+        self.cfg, self.role = cfg, role
+        self.dht = start_dht(
+            cfg.initial_peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
+            announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
+            client_mode=cfg.client_mode,
+        )
+        self.peer_id = self.dht.peer_id.to_base58()
+        self._dht_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
+        self._thread.start()
+        self._p2p = self.run(self.dht.replicate_p2p(), timeout=30)
+
+    @property
+    def short_id(self) -> str:
+        return self.peer_id[-6:]
+
+    # ---- event loop -------------------------------------------------------------------
+    def run(self, coro: Awaitable, timeout: float):
+        """Run ``coro`` on the network loop and wait at most ``timeout`` seconds."""
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop).result()
+
+    # ---- DHT ----------------------------------------------------------------------------
+    def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
+        from hivemind.utils import get_dht_time
+
+        with self._dht_lock:
+            return bool(self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey))
+
+    def _get_dict(self, dht_key: str) -> dict[str, bytes]:
+        with self._dht_lock:
+            found = self.dht.get(dht_key, latest=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {str(k): v.value for k, v in found.value.items()}
+
+    @property
+    def ttl(self) -> float:
+        return 3 * self.cfg.heartbeat_s
+
+    def announce(self, record: PeerRecord) -> bool:
+        return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)
+
+    def peers(self, role: str | None = None) -> list[PeerRecord]:
+        """Live peers of this run (records that parse, match the run and their subkey)."""
+        out = []
+        for sub, raw in self._get_dict(key(self.cfg.run_id, "peers")).items():
+            rec = PeerRecord.decode(raw)
+            if rec and rec.peer_id == sub and rec.run_id == self.cfg.run_id and (role is None or rec.role == role):
+                out.append(rec)
+        return out
+
+    def publish_policy(self, rec: PolicyRecord) -> None:
+        self._store(key(self.cfg.run_id, "policy"), self.peer_id, rec.encode(), self.ttl)
+        self.announce_holder(rec)
+
+    def announce_holder(self, rec: PolicyRecord) -> None:
+        self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
+
+    def latest_policy(self) -> tuple[str, PolicyRecord] | None:
+        """(publisher, record) of the newest published version, or None."""
+        recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
+        recs = [(p, r) for p, r in recs if r is not None]
+        return max(recs, key=lambda pr: pr[1].version) if recs else None
+
+    def holders(self, rec: PolicyRecord) -> list[str]:
+        """Peers announcing that they hold exactly this version and hash."""
+        got = self._get_dict(key(self.cfg.run_id, "holders", str(rec.version)))
+        return [p for p, v in got.items() if PolicyRecord.decode(v) == rec]
+
+    # ---- streams ------------------------------------------------------------------------
+    def _proto(self, name: str) -> str:
+        return f"p2prl/{self.cfg.run_id}/{name}"
+
+    def serve(self, name: str, handler: Handler) -> None:
+        """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
+
+        A failing handler is logged with the remote peer; it never stops the node.
+        """
+
+        async def on_stream(info, reader, writer):
+            peer = info.peer_id.to_base58()
+            try:
+                await asyncio.wait_for(handler(peer, reader, writer), self.cfg.rpc_timeout_s)
+            except asyncio.CancelledError:  # node shutting down
+                return
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
+                log.info("%s stream from %s ended: %s", name, peer[-6:], type(e).__name__)
+            except Exception:
+                log.exception("%s handler failed for peer %s", name, peer[-6:])
+            finally:
+                writer.close()
+
+        self.run(self._p2p.add_binary_stream_handler(self._proto(name), on_stream), timeout=30)
+
+    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
+        """Open a stream to ``peer_id``, send one frame, return the one-frame reply."""
+        from hivemind.p2p import PeerID
+
+        async def go():
+            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
+            try:
+                await write_frame(writer, payload)
+                return await read_frame(reader, max_reply)
+            finally:
+                writer.close()
+
+        return self.run(go(), timeout=self.cfg.rpc_timeout_s)
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def shutdown(self) -> None:
+        """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
+
+        async def close():
+            await self._p2p.shutdown()
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        try:
+            self.run(close(), timeout=5)
+        except Exception as e:
+            log.debug("network shutdown: %s", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        self.dht.shutdown()
+
+
+def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:
+    """Exponential back-off with jitter, in seconds."""
+    return min(cap, base * 2**attempt) * (0.5 + random.random() / 2)
+
+
+def wait_until(pred: Callable[[], object], what: str, log_: logging.Logger, stop: threading.Event, cap: float = 10.0):
+    """Retry ``pred`` with back-off until it returns something truthy; log once while waiting."""
+    attempt, t0 = 0, time.time()
+    while not stop.is_set():
+        got = pred()
+        if got:
+            return got
+        if attempt == 0:
+            log_.info("waiting for %s (retrying with back-off)", what)
+        stop.wait(backoff(attempt, cap=cap))
+        attempt += 1
+    return None

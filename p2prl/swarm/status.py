@@ -1,0 +1,44 @@
+"""``p2prl status``: the live peers of a run, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from p2prl.config import Config
+from p2prl.swarm.node import SwarmNode
+
+
+def show_status(cfg: Config, as_json: bool = False) -> int:
+    cfg.swarm.client_mode = True
+    node = SwarmNode(cfg.swarm, "status")
+    try:
+        peers = node.peers()
+        latest = node.latest_policy()
+    finally:
+        node.shutdown()
+    version = latest[1].version if latest else None
+    now = time.time()
+    rows = [
+        {
+            "role": p.role, "peer_id": p.peer_id, "policy_version": p.policy_version,
+            "lag": None if version is None else version - p.policy_version,
+            "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
+            "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
+        }
+        for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
+    ]
+    if as_json:
+        print(json.dumps({"run_id": cfg.swarm.run_id, "policy_version": version, "peers": rows}, indent=1))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"run {cfg.swarm.run_id!r}: policy version {version if version is not None else '-'}")
+    for col in ("role", "peer", "version", "lag", "groups/s", "queue", "last seen"):
+        table.add_column(col, justify="left" if col in ("role", "peer") else "right")
+    for r in rows:
+        table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
+                      f"{r['throughput']:.2f}", str(r["queue_depth"]), f"{r['last_seen_s']:.0f} s ago")
+    Console().print(table if rows else f"no live peers in run {cfg.swarm.run_id!r}")
+    return 0
