@@ -29,14 +29,18 @@ class AdmissionBuffer:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def add(self, g: RolloutGroup, learner_version: int) -> None:
-        """Admit ``g`` or raise ``RecordError`` (duplicate / stale / future version)."""
+    def check(self, g: RolloutGroup, learner_version: int) -> None:
+        """Raise ``RecordError`` if ``g`` is a duplicate or outside the window."""
         if g.group_id in self.seen:
             raise RecordError("duplicate", g.group_id)
         if g.policy_version > learner_version:
             raise RecordError("future_version", f"v{g.policy_version} > learner v{learner_version}")
         if learner_version - g.policy_version > self.max_staleness:
             raise RecordError("stale", f"v{g.policy_version} older than window at v{learner_version}")
+
+    def add(self, g: RolloutGroup, learner_version: int) -> None:
+        """Admit ``g`` or raise ``RecordError`` (duplicate / stale / future version)."""
+        self.check(g, learner_version)
         self.seen.add(g.group_id)
         self.pending.append(g)
         self._new_since_pick = True

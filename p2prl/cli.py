@@ -106,7 +106,7 @@ def _load_config(args: argparse.Namespace):
         if items:
             overrides += [i for i in items if "=" in i]
             setattr(args, name, [i for i in items if "=" not in i])
-    cfg = load_config(args.config, overrides)
+    cfg = load_config(getattr(args, "config", None), overrides)
     flags = {
         ("algo", "name"): getattr(args, "algo", None),
         ("swarm", "run_id"): getattr(args, "run_id", None),
@@ -124,12 +124,23 @@ def _load_config(args: argparse.Namespace):
 
 
 def _stop_on_signals():
+    """An event set by SIGINT / SIGTERM in this process. Children forked later (hivemind's DHT)
+    inherit the handler; there it restores the default action, so they still terminate."""
+    import os
     import signal
     import threading
 
-    stop = threading.Event()
+    stop, pid = threading.Event(), os.getpid()
+
+    def handler(sig, _frame):
+        if os.getpid() == pid:
+            stop.set()
+        else:
+            signal.signal(sig, signal.SIG_DFL)
+            os.kill(os.getpid(), sig)
+
     for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, handler)
     return stop
 
 

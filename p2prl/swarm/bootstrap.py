@@ -9,28 +9,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import tempfile
 import threading
 from secrets import token_hex
 
+from p2prl.log import setup_logging
 from p2prl.swarm.dht import BootstrapError, start_dht
 
 log = logging.getLogger("p2prl.bootstrap")
 
 STATUS_PERIOD_S = 30.0
 STARTUP_TIMEOUT_S = 30.0
-
-
-def _setup_logging() -> None:
-    """A stderr handler for p2prl's loggers (hivemind keeps its own handler and format)."""
-    root = logging.getLogger("p2prl")
-    if not root.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s [p2prl bootstrap] %(levelname)s %(message)s"))
-        root.addHandler(handler)
-        root.setLevel(logging.INFO)
-        root.propagate = False
 
 
 def _prepare_identity(path: str) -> None:
@@ -75,12 +64,13 @@ def serve(
     *, host_maddrs: list[str], announce_maddrs: list[str], identity_path: str, initial_peers: list[str],
     loopback: bool, maddrs_file: str | None, status_period_s: float = STATUS_PERIOD_S,
 ) -> int:
-    _setup_logging()
-    stop = threading.Event()
+    setup_logging("bootstrap")
+    stop, main_pid = threading.Event(), os.getpid()
 
     def on_signal(signum, _frame):
-        log.info("caught %s, shutting down", signal.Signals(signum).name)
-        stop.set()
+        if os.getpid() == main_pid:  # the forked DHT process inherits this handler: it waits for shutdown()
+            log.info("caught %s, shutting down", signal.Signals(signum).name)
+            stop.set()
 
     # installed before the DHT starts, so a signal during startup still ends in a clean shutdown
     signal.signal(signal.SIGINT, on_signal)

@@ -30,7 +30,7 @@ from p2prl.metrics import JsonlSink
 from p2prl.policy import load_policy
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.dht import PolicyRecord, new_record
-from p2prl.swarm.node import SwarmNode, read_frame, write_frame
+from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
 from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.task import AdditionTask
 from p2prl.verify import Verifier
@@ -43,6 +43,7 @@ class Learner:
     def __init__(self, cfg: Config, node: SwarmNode):
         self.cfg, self.node = cfg, node
         self.out = Path(cfg.train.out_dir)
+        self.out.mkdir(parents=True, exist_ok=True)
         state = read_state(self.out, cfg) or {}
         self.core = LearnerCore(load_policy(self.out / "checkpoint" if state else cfg.model.path), cfg)
         if state:
@@ -76,6 +77,7 @@ class Learner:
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
             with self.lock:
+                self.buffer.check(g, self.core.version)
                 sha = self.published.get(g.policy_version)
             if sha is None:
                 raise RecordError("unknown_version", f"v{g.policy_version} was not published here")
@@ -101,7 +103,14 @@ class Learner:
             return "rejected", "internal"
 
     async def on_rollout(self, peer: str, reader, writer) -> None:
-        data = await read_frame(reader, self.limits.max_bytes)
+        try:
+            data = await read_frame(reader, self.limits.max_bytes)
+        except FrameError as e:
+            with self.lock:
+                self.counts["rejected/oversized"] += 1
+            log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
+            await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
+            return
         status, reason = self.admit(data, peer)
         with self.lock:
             queue = len(self.buffer)
@@ -122,7 +131,7 @@ class Learner:
         await write_frame(writer, pack({"states": states, "queue": queue}))
 
     # ---- main loop ---------------------------------------------------------------------------
-    def publish(self) -> None:
+    def publish(self) -> str:
         """Serve the current weights and announce (version, sha256, size) in the DHT."""
         blob, sha = serialize_weights(self.core.policy.model)
         v = self.core.version
@@ -133,6 +142,7 @@ class Learner:
                 del self.published[old]
         self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob))
         self.node.publish_policy(self.latest)
+        return sha
 
     def heartbeat(self) -> None:
         with self.lock:
@@ -163,12 +173,15 @@ class Learner:
         if self.base_acc is None:
             self.base_acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
         acc = best = self.base_acc
-        self.publish()
+        train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
+        if self.core.version not in self.published:
+            train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
+        else:
+            self.publish()
         self.heartbeat()
         log.info("learner %s serving run %r at version %d; peers can join via %s",
                  self.node.short_id, sw.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
         sink = JsonlSink(self.out / "metrics.jsonl")
-        train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
         bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
         last_beat = started = time.time()
         while self.core.version < t.steps and not stop.is_set():
@@ -186,14 +199,15 @@ class Learner:
             with self.lock:
                 for g in batch:
                     self.states[g.group_id] = "trained"
-            train_log.write(json.dumps({"version": v, "groups": [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]}) + "\n")
             if v % t.eval_every == 0 or v == t.steps:
                 acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
                 best = max(best, acc)
                 m["eval/heldout_acc"] = acc
+            sha = self.publish()
+            train_log.write(json.dumps({"version": v, "published": sha, "groups": [
+                [g.group_id, g.policy_version, g.weights_sha256] for g in batch]}) + "\n")
             if v % sw.checkpoint_every == 0 or v == t.steps:
                 self.checkpoint()
-            self.publish()
             self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - t0)
             with self.lock:
                 m.update({f"admission/{k}": c for k, c in self.counts.items()})

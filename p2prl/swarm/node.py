@@ -57,6 +57,7 @@ class SwarmNode:
         )
         self.peer_id = self.dht.peer_id.to_base58()
         self._dht_lock = threading.Lock()
+        self.dht_errors = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
@@ -73,14 +74,31 @@ class SwarmNode:
 
     # ---- DHT ----------------------------------------------------------------------------
     def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
+        """Store with expiration; a failure is logged and counted, never raised."""
         from hivemind.utils import get_dht_time
 
-        with self._dht_lock:
-            return bool(self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey))
+        if not self.dht.is_alive():
+            return False
+        try:
+            with self._dht_lock:
+                fut = self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+                return bool(fut.result(timeout=self.cfg.rpc_timeout_s))
+        except Exception as e:
+            self.dht_errors += 1
+            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
+            return False
 
     def _get_dict(self, dht_key: str) -> dict[str, bytes]:
-        with self._dht_lock:
-            found = self.dht.get(dht_key, latest=True)
+        """The subkey -> value map under ``dht_key``; empty when missing or on failure (logged)."""
+        if not self.dht.is_alive():
+            return {}
+        try:
+            with self._dht_lock:
+                found = self.dht.get(dht_key, latest=True, return_future=True).result(timeout=self.cfg.rpc_timeout_s)
+        except Exception as e:
+            self.dht_errors += 1
+            log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
+            return {}
         if found is None or not isinstance(found.value, dict):
             return {}
         return {str(k): v.value for k, v in found.value.items()}
@@ -177,7 +195,8 @@ class SwarmNode:
             log.debug("network shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        self.dht.shutdown()
+        if self.dht.is_alive():
+            self.dht.shutdown()
 
 
 def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:
