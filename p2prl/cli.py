@@ -85,6 +85,9 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_args(up)
+    ex = sub.add_parser("experiment", help="reproducible experiments (e.g. `p2prl experiment latency --help`)",
+                        add_help=False)
+    ex.add_argument("args", nargs=argparse.REMAINDER)
     return ap
 
 
@@ -197,6 +200,12 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
                     progress=not args.no_progress)
 
 
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    from p2prl.experiment import main as experiment_main
+
+    return experiment_main(args.args)
+
+
 def _usage(msg: str) -> Exception:
     from p2prl.config import ConfigError
 
@@ -212,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "swarm": _cmd_swarm}
+                    "swarm": _cmd_swarm, "experiment": _cmd_experiment}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)

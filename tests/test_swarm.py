@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from swarm_util import Peers, last_json, read_jsonl, wait_for
+from swarm_util import FAST, Peers, last_json, read_jsonl, wait_for
 
 
 @pytest.fixture
@@ -37,7 +37,8 @@ def test_two_samplers_one_learner(peers, tmp_path):
     out = tmp_path / "learner"
     learner = peers.join("learner", "learner", maddr, "train.steps=6", out=out)
     peers.join("s0", "sampler", maddr)
-    peers.join("s1", "sampler", maddr)
+    peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress",
+                       "--initial-peers", maddr, *FAST])  # behind NAT: outbound connections only
     assert learner.wait(timeout=240) == 0, peers.log("learner")
     summary = last_json(peers.log("learner"))
     assert summary["version"] == 6

@@ -68,9 +68,12 @@ def serve(
     stop, main_pid = threading.Event(), os.getpid()
 
     def on_signal(signum, _frame):
-        if os.getpid() == main_pid:  # the forked DHT process inherits this handler: it waits for shutdown()
-            log.info("caught %s, shutting down", signal.Signals(signum).name)
-            stop.set()
+        if os.getpid() != main_pid:  # the forked DHT process inherits this handler: act as if it had none
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        log.info("caught %s, shutting down", signal.Signals(signum).name)
+        stop.set()
 
     # installed before the DHT starts, so a signal during startup still ends in a clean shutdown
     signal.signal(signal.SIGINT, on_signal)

@@ -227,7 +227,7 @@ class Learner:
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
-    node = SwarmNode(cfg.swarm, "learner")
+    node = SwarmNode(cfg.swarm, "learner", stop)
     try:
         return Learner(cfg, node).run(stop, progress)
     finally:

@@ -48,8 +48,10 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
 
 
 class SwarmNode:
-    def __init__(self, cfg: SwarmConfig, role: str):
+    def __init__(self, cfg: SwarmConfig, role: str, stop: threading.Event | None = None):
+        """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive)."""
         self.cfg, self.role = cfg, role
+        self.stop = stop or threading.Event()
         self.dht = start_dht(
             cfg.initial_peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
             announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
@@ -61,16 +63,31 @@ class SwarmNode:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
-        self._p2p = self.run(self.dht.replicate_p2p(), timeout=30)
+        self._p2p = self.run(self.dht.replicate_p2p(), timeout=30, cancellable=False)
 
     @property
     def short_id(self) -> str:
         return self.peer_id[-6:]
 
     # ---- event loop -------------------------------------------------------------------
-    def run(self, coro: Awaitable, timeout: float):
-        """Run ``coro`` on the network loop and wait at most ``timeout`` seconds."""
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop).result()
+    def run(self, coro: Awaitable, timeout: float, cancellable: bool = True):
+        """Run ``coro`` on the network loop; wait at most ``timeout`` s, or until ``stop`` is set."""
+        fut = asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self._loop)
+        return self._wait(fut, timeout + 1, cancellable)
+
+    def _wait(self, fut, timeout: float, cancellable: bool = True):
+        """``fut.result()`` within ``timeout`` s, given up early (ConnectionAbortedError) once ``stop`` is set."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except TimeoutError:  # concurrent.futures.TimeoutError is TimeoutError since 3.11
+                if cancellable and self.stop.is_set():
+                    fut.cancel()
+                    raise ConnectionAbortedError("stopping") from None
+                if time.monotonic() > deadline:
+                    fut.cancel()
+                    raise TimeoutError(f"no answer within {timeout:.0f} s") from None
 
     # ---- DHT ----------------------------------------------------------------------------
     def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
@@ -82,7 +99,7 @@ class SwarmNode:
         try:
             with self._dht_lock:
                 fut = self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
-                return bool(fut.result(timeout=self.cfg.rpc_timeout_s))
+                return bool(self._wait(fut, self.cfg.rpc_timeout_s))
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
@@ -94,7 +111,7 @@ class SwarmNode:
             return {}
         try:
             with self._dht_lock:
-                found = self.dht.get(dht_key, latest=True, return_future=True).result(timeout=self.cfg.rpc_timeout_s)
+                found = self._wait(self.dht.get(dht_key, latest=True, return_future=True), self.cfg.rpc_timeout_s)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
@@ -190,7 +207,7 @@ class SwarmNode:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         try:
-            self.run(close(), timeout=5)
+            self.run(close(), timeout=5, cancellable=False)
         except Exception as e:
             log.debug("network shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -101,8 +101,9 @@ class Sampler:
         if blob is None:
             return
         self.core.load(blob, rec.version, rec.sha256)
-        self.store.add(rec.version, rec.sha256, blob)
-        self.node.announce_holder(rec)
+        if not self.cfg.swarm.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
+            self.store.add(rec.version, rec.sha256, blob)
+            self.node.announce_holder(rec)
         self.next_sync = rec.version + max(1, self.delay.draw())
         log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
 
@@ -186,7 +187,8 @@ class Sampler:
 
     def run(self, stop: threading.Event) -> None:
         sw, n = self.cfg.swarm, self.cfg.train.groups_per_step
-        self.node.serve("weights", weights_handler(self.store))
+        if not sw.client_mode:
+            self.node.serve("weights", weights_handler(self.store))
         self.heartbeat()
         wait_until(lambda: self.node.peers("learner") and self.node.latest_policy(),
                    f"a learner of run {sw.run_id!r} to publish a policy", log, stop)
@@ -214,7 +216,7 @@ class Sampler:
 
 
 def run_sampler(cfg: Config, stop: threading.Event) -> dict:
-    node = SwarmNode(cfg.swarm, "sampler")
+    node = SwarmNode(cfg.swarm, "sampler", stop)
     sampler = Sampler(cfg, node)
     try:
         sampler.run(stop)
