@@ -126,27 +126,6 @@ def _load_config(args: argparse.Namespace):
     return cfg
 
 
-def _stop_on_signals():
-    """An event set by SIGINT / SIGTERM in this process. Children forked later (hivemind's DHT)
-    inherit the handler; there it restores the default action, so they still terminate."""
-    import os
-    import signal
-    import threading
-
-    stop, pid = threading.Event(), os.getpid()
-
-    def handler(sig, _frame):
-        if os.getpid() == pid:
-            stop.set()
-        else:
-            signal.signal(sig, signal.SIG_DFL)
-            os.kill(os.getpid(), sig)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, handler)
-    return stop
-
-
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     from p2prl.train import train
@@ -169,8 +148,10 @@ def _cmd_join(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     from p2prl.log import setup_logging
 
+    from p2prl.swarm.dht import stop_on_signals
+
     setup_logging(args.role)
-    stop = _stop_on_signals()
+    stop = stop_on_signals()
     if args.role == "learner":
         if cfg.swarm.client_mode:
             raise _usage("a learner must accept connections; --client-mode is for samplers")

@@ -5,11 +5,12 @@ The grid is algorithm x maximum delay x seed. Every cell is one ``p2prl train`` 
 sampler reloads weights only after a clipped log-normal delay (``staleness.delay =
 lognormal``, clip ``staleness.delay_versions = d``; ``d = 0`` is online RL), and the
 learner's window equals the maximum delay (``staleness.max_staleness = d``). Every
-cell runs the same number of learner steps. Cells run in parallel processes; each
-writes ``<out>/cells/<cell>/summary.json`` atomically when it has finished, and a
-rerun skips the cells whose summary matches their current config, so an interrupted
-grid resumes. The report (Markdown and CSV tables, PNG plots, the paper's targets)
-is written to ``<out>/``.
+cell runs the same number of learner steps; cells with the same seed share the prompt
+order, the sampling seeds and the delay schedule (paired across algorithms). Cells run
+in parallel processes; each writes ``<out>/cells/<cell>/summary.json`` atomically when
+it has finished, and a rerun skips the cells whose summary matches their current
+config, so an interrupted grid resumes. The report (Markdown and CSV tables, PNG
+plots, the paper's targets) is written to ``<out>/``.
 
 How this departs from the paper (GEPO_SPEC.md):
 
@@ -22,7 +23,7 @@ How this departs from the paper (GEPO_SPEC.md):
   observed lag is the time since the sampler's last sync (at most ``d``), whereas
   the paper's many samplers, clocked in seconds, showed lags up to 57 with a window
   of 32.
-* A few hundred learner steps per cell, not 1295; "best" is the best of the
+* About a hundred learner steps per cell (configs/latency.toml), not 1295; "best" is the best of the
   periodic evaluations after the start (every ``train.eval_every`` versions),
   "last" the evaluation at the final version.
 * "Importance-weight variance" is the variance of the weight each objective uses:
@@ -406,21 +407,24 @@ def plot_curves(summaries: list[dict], algos, delay: int, path: Path) -> None:
 
 
 def plot_kl_weight_var(rows: list[dict], algos, delays, path: Path) -> None:
-    """Mean sampler-learner KL and importance-weight variance against maximum delay."""
+    """Mean sampler-learner KL and importance-weight variance against maximum delay (log scale, min-max bars)."""
     plt = _pyplot()
     delays = sorted(delays)
     xs = range(len(delays))
+    floor = 1e-16  # both are >= 0; exact zeros are drawn at the floor of the log axis
     fig, axes = plt.subplots(1, 2, figsize=(8, 3.4), dpi=100)
     for ax, key, title in ((axes[0], "kl", "KL k3 (sampler-learner), mean over steps"),
                            (axes[1], "wvar", "IS weight variance, mean over steps")):
         for algo in algos:
             rs = [next(r for r in rows if r["algo"] == algo and r["delay"] == d) for d in delays]
-            ax.errorbar(xs, [r[f"{key}_mean"] for r in rs], yerr=[r[f"{key}_std"] for r in rs],
-                        color=COLORS.get(algo), marker="o", capsize=3, label=algo.upper())
-        ax.set_yscale("symlog", linthresh=1e-6)
+            mean = [max(r[f"{key}_mean"], floor) for r in rs]
+            lo = [m - max(r[f"{key}_min"], floor) for m, r in zip(mean, rs)]
+            hi = [max(r[f"{key}_max"], floor) - m for m, r in zip(mean, rs)]
+            ax.errorbar(xs, mean, yerr=[lo, hi], color=COLORS.get(algo), marker="o", capsize=3, label=algo.upper())
+        ax.set_yscale("log")
         ax.set_xticks(list(xs), [str(d) for d in delays])
         ax.set_xlabel("maximum delay (policy versions)")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title + "\n(mean over seeds, bars: min-max)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

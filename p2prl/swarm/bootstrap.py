@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import tempfile
-import threading
 from secrets import token_hex
 
 from p2prl.log import setup_logging
-from p2prl.swarm.dht import BootstrapError, start_dht
+from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
 
 log = logging.getLogger("p2prl.bootstrap")
 
@@ -65,31 +63,13 @@ def serve(
     loopback: bool, maddrs_file: str | None, status_period_s: float = STATUS_PERIOD_S,
 ) -> int:
     setup_logging("bootstrap")
-    stop, main_pid = threading.Event(), os.getpid()
-
-    def on_signal(signum, _frame):
-        if os.getpid() != main_pid:  # the forked DHT process inherits this handler: act as if it had none
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        log.info("caught %s, shutting down", signal.Signals(signum).name)
-        stop.set()
-
-    # installed before the DHT starts, so a signal during startup still ends in a clean shutdown
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
-
+    stop = stop_on_signals()  # before the DHT starts, so a signal during start-up still ends cleanly
     _prepare_identity(identity_path)
     log.info("starting the DHT node%s", f" and linking to {len(initial_peers)} initial peer(s)" if initial_peers else "")
-    try:
-        dht = start_dht(
-            initial_peers, STARTUP_TIMEOUT_S, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
-            loopback=loopback, identity_path=identity_path,
-        )
-    except BootstrapError:
-        raise
-    except Exception as e:  # e.g. P2PDaemonError: port in use, bad multiaddr
-        raise BootstrapError(f"could not start the DHT node: {type(e).__name__}: {e}") from None
+    dht = start_dht(
+        initial_peers, STARTUP_TIMEOUT_S, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
+        loopback=loopback, identity_path=identity_path,
+    )
 
     try:
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
@@ -108,5 +88,5 @@ def serve(
             stop.wait(status_period_s)
         return 0
     finally:
-        dht.shutdown()
+        shutdown_dht(dht)
         log.info("DHT node stopped")

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
 import time
 from typing import ClassVar, Literal
 
@@ -35,8 +38,37 @@ def dht_kwargs(
     if identity_path:
         kw["identity_path"] = identity_path
     if loopback:
-        kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False)
+        # check_if_identity_free would start a throw-away p2pd with hivemind's defaults (NAT probing)
+        kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False, check_if_identity_free=False)
     return kw
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGINT / SIGTERM, for a role's main loop.
+
+    hivemind's DHT process is forked later and inherits the handler; there it ignores the
+    signal, because a DHT process dying mid-start-up leaves ``hivemind.DHT()`` waiting for
+    ever. The parent stops it with ``shutdown_dht``.
+    """
+    stop, pid = threading.Event(), os.getpid()
+
+    def handler(signum, _frame):
+        if os.getpid() == pid:
+            log.info("caught %s, shutting down", signal.Signals(signum).name)
+            stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, handler)
+    return stop
+
+
+def shutdown_dht(dht) -> None:
+    """Stop the DHT process and its p2pd; kill it if it does not stop within its grace period."""
+    if dht.is_alive():
+        dht.shutdown()
+    if dht.is_alive():
+        dht.kill()
+        dht.join(5)
 
 
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):
@@ -60,7 +92,7 @@ def start_dht(initial_peers: list[str], timeout_s: float, **kw):
                 "uses --identity-path), the bootstrap is running, its TCP port is open in its firewall, "
                 "and the address is reachable from here (public IP, or 127.0.0.1 only on the same machine)"
             ) from None
-        raise
+        raise BootstrapError(f"could not start the DHT node: {type(e).__name__}: {e}") from None
 
 
 def key(run_id: str, *parts: str) -> str:

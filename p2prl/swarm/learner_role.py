@@ -12,6 +12,7 @@ disappears or forgets it (after a restart from an older checkpoint).
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import threading
@@ -51,7 +52,8 @@ class Learner:
             self.core.version = state["version"]
         s = cfg.sampling
         self.task = AdditionTask(digits=cfg.task.digits, seed=cfg.task.seed)
-        self.verifier = Verifier(self.task, self.core.policy.tokenizer, self.core.policy.vocab_size,
+        # its own tokenizer: handlers run on the network thread while evaluation pads on this one
+        self.verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
                                  cfg.swarm.run_id, s.group_size, s.max_new_tokens)
         self.limits = Limits(max_bytes=int(cfg.swarm.max_record_mb * 2**20))
         self.lock = threading.Condition()
@@ -184,6 +186,9 @@ class Learner:
         sink = JsonlSink(self.out / "metrics.jsonl")
         bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
         last_beat = started = time.time()
+        if self.core.version >= t.steps:
+            log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
+                     "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
         while self.core.version < t.steps and not stop.is_set():
             if time.time() - last_beat > sw.heartbeat_s:
                 self.heartbeat()

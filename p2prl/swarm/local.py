@@ -2,12 +2,12 @@
 
 Every child runs in its own session (process group) and is stopped by group, so a
 Ctrl-C or a failing learner never leaves peers behind. Samplers' and the bootstrap's
-logs go to ``<out_dir>/logs/``; the learner's progress is shown here.
+logs go to ``<out_dir>/logs/``; the learner works in ``<out_dir>/learner/`` (metrics,
+training log, checkpoint) and its progress is shown here.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -81,7 +81,8 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         print(f"bootstrap at {maddr}", flush=True)
         peers = ["--initial-peers", maddr]
         quiet = [] if progress else ["--no-progress"]
-        learner = swarm.spawn("learner", ["join", "--role", "learner", *common, *peers, *quiet, *overrides], inherit=True)
+        learner = swarm.spawn("learner", ["join", "--role", "learner", *common, *peers, *quiet, *overrides,
+                                          f"train.out_dir={out / 'learner'}"], inherit=True)
         for i in range(n_samplers):
             swarm.spawn(f"sampler{i}", ["join", "--role", "sampler", *common, *peers, *overrides])
         print(f"{n_samplers} sampler(s) and a learner started; logs in {logs}", flush=True)

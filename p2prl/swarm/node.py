@@ -17,7 +17,7 @@ import time
 from typing import Awaitable, Callable
 
 from p2prl.config import SwarmConfig
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, start_dht
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, shutdown_dht, start_dht
 
 log = logging.getLogger("p2prl.node")
 
@@ -212,8 +212,7 @@ class SwarmNode:
             log.debug("network shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        if self.dht.is_alive():
-            self.dht.shutdown()
+        shutdown_dht(self.dht)
 
 
 def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:
@@ -223,7 +222,7 @@ def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:
 
 def wait_until(pred: Callable[[], object], what: str, log_: logging.Logger, stop: threading.Event, cap: float = 10.0):
     """Retry ``pred`` with back-off until it returns something truthy; log once while waiting."""
-    attempt, t0 = 0, time.time()
+    attempt = 0
     while not stop.is_set():
         got = pred()
         if got:
