@@ -152,6 +152,10 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
     setup_logging(args.role)
     stop = stop_on_signals()
+    if cfg.train.threads:
+        import torch
+
+        torch.set_num_threads(cfg.train.threads)
     if args.role == "learner":
         if cfg.swarm.client_mode:
             raise _usage("a learner must accept connections; --client-mode is for samplers")
@@ -181,12 +185,6 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
                     progress=not args.no_progress)
 
 
-def _cmd_experiment(args: argparse.Namespace) -> int:
-    from p2prl.experiment import main as experiment_main
-
-    return experiment_main(args.args)
-
-
 def _usage(msg: str) -> Exception:
     from p2prl.config import ConfigError
 
@@ -194,6 +192,11 @@ def _usage(msg: str) -> Exception:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["experiment"]:  # its own parser, options included (argparse would claim --help)
+        from p2prl.experiment import main as experiment_main
+
+        return experiment_main(argv[1:])
     args = _build_parser().parse_args(argv)
     from p2prl.checkpoint import CheckpointError
     from p2prl.config import ConfigError
@@ -202,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "swarm": _cmd_swarm, "experiment": _cmd_experiment}
+                    "swarm": _cmd_swarm}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)

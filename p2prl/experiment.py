@@ -38,6 +38,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import sys
 import time
@@ -189,48 +190,49 @@ class GridRun:
     wall_s: float = 0.0
 
 
+def _run_cell_caught(job: tuple[Cell, dict, bool]) -> tuple[Cell, dict | None, str | None]:
+    """``run_cell`` for a worker: returns (cell, summary, None) or (cell, None, error text)."""
+    cell, dump, keep_checkpoint = job
+    try:
+        return cell, run_cell(cell, dump, keep_checkpoint), None
+    except Exception as e:  # one broken cell must not lose the rest of the grid
+        return cell, None, f"{type(e).__name__}: {e}"
+
+
+def _ignore_sigint() -> None:
+    """Workers leave Ctrl-C to the parent, which then terminates them."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _results(jobs: list[tuple[Cell, dict, bool]], n_jobs: int):
+    """Yield ``_run_cell_caught`` results as cells finish; in-process for one job, else spawned workers
+    (no torch state is inherited). Leaving early (Ctrl-C) terminates the workers at once."""
+    if n_jobs <= 1:
+        yield from map(_run_cell_caught, jobs)
+        return
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(n_jobs, initializer=_ignore_sigint) as pool:
+        yield from pool.imap_unordered(_run_cell_caught, jobs, chunksize=1)
+
+
 def run_grid(jobs_todo: list[tuple[Cell, dict]], n_jobs: int, keep_checkpoints: bool, progress: bool) -> GridRun:
     """Run the given cells, ``n_jobs`` at a time; a failing cell is reported, the others go on."""
     from tqdm import tqdm
 
     result = GridRun()
-    bar = tqdm(total=len(jobs_todo), disable=not progress, desc="cells", unit="cell", dynamic_ncols=True)
-
-    def done(cell: Cell, fn) -> None:
-        try:
-            result.summaries.append(fn())
-            result.ran += 1
-            bar.set_postfix_str(f"{cell.name}: last acc {result.summaries[-1]['last_acc']:.3f}")
-        except Exception as e:  # one broken cell must not lose the rest of the grid
-            result.failed.append(f"{cell.name}: {type(e).__name__}: {e}")
-            bar.write(f"cell {cell.name} failed: {type(e).__name__}: {e}")
-        bar.update(1)
-
-    try:
-        if n_jobs <= 1:
-            for cell, dump in jobs_todo:
-                done(cell, lambda: run_cell(cell, dump, keep_checkpoints))
-        else:
-            _run_parallel(jobs_todo, n_jobs, keep_checkpoints, done)
-    finally:
-        bar.close()
+    jobs = [(cell, dump, keep_checkpoints) for cell, dump in jobs_todo]
+    with tqdm(total=len(jobs), disable=not progress, desc="cells", unit="cell", dynamic_ncols=True) as bar:
+        for cell, summary, error in _results(jobs, n_jobs):
+            if error is None:
+                result.summaries.append(summary)
+                result.ran += 1
+                bar.set_postfix_str(f"{cell.name}: last acc {summary['last_acc']:.3f}")
+            else:
+                result.failed.append(f"{cell.name}: {error}")
+                bar.write(f"cell {cell.name} failed: {error}")
+            bar.update(1)
     return result
-
-
-def _run_parallel(jobs_todo, n_jobs: int, keep_checkpoints: bool, done) -> None:
-    """Worker processes (spawned: no torch state is inherited); Ctrl-C cancels what has not started."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    pool = ProcessPoolExecutor(max_workers=n_jobs, mp_context=multiprocessing.get_context("spawn"))
-    try:
-        futures = {pool.submit(run_cell, cell, dump, keep_checkpoints): cell for cell, dump in jobs_todo}
-        for fut in as_completed(futures):
-            done(futures[fut], fut.result)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
 
 
 # ----------------------------------------------------------------------------
@@ -388,7 +390,8 @@ def plot_curves(summaries: list[dict], algos, delay: int, path: Path) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in algos:
-        curves = [dict((int(s), a) for s, a in c["curve"]) for c in summaries if c["algo"] == algo and c["delay"] == delay]
+        cells = [c for c in summaries if c["algo"] == algo and c["delay"] == delay]
+        curves = [{int(s): a for s, a in c["curve"]} for c in cells]
         if not curves:
             continue
         steps = sorted(set.intersection(*(set(c) for c in curves)))
@@ -479,6 +482,12 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
 # ----------------------------------------------------------------------------
 
 
+def _wrap(text: str) -> str:
+    import textwrap
+
+    return textwrap.fill(text, width=88)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="p2prl experiment",
@@ -487,15 +496,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
     lat = sub.add_parser(
         "latency", help="accuracy of GRPO / GSPO / GEPO against the maximum sync delay",
-        description="Run the grid algorithm x maximum delay x seed with the paper's clipped log-normal sync "
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap("Run the grid algorithm x maximum delay x seed with the paper's clipped log-normal sync "
         "delay (delay 0 = online) and the learner's window equal to the maximum delay, the same number of "
         "learner steps in every cell. Cells run in parallel processes and resume: a finished cell (its "
         "summary.json matches its config) is skipped. Writes results.md, results.csv (per algo and delay: "
         "mean/std/min/max over seeds), cells.csv and PNG plots to --out, and prints the table and the "
-        "paper's targets.",
-        epilog="example: p2prl experiment latency --jobs 2   |   quick check: p2prl experiment latency --quick",
+        "paper's targets."),
+        epilog="examples:\n  p2prl experiment latency                    # the full grid into runs/latency\n"
+        "  p2prl experiment latency --quick            # smoke run of the whole pipeline\n"
+        "  p2prl experiment latency train.steps=200    # any config override, for every cell",
     )
-    lat.add_argument("--config", default=DEFAULT_CONFIG, help=f"base TOML config of every cell (default {DEFAULT_CONFIG})")
+    lat.add_argument("--config", default=DEFAULT_CONFIG,
+                     help=f"base TOML config of every cell (default {DEFAULT_CONFIG})")
     lat.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}, or {QUICK_OUT} with --quick)")
     lat.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS), help="algorithms (default: all three)")
     lat.add_argument("--delays", nargs="+", type=int, default=None, metavar="D",

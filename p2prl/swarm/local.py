@@ -71,6 +71,8 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.swarm.run_id, "--loopback"]
+    if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
+        overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + 1))}"]
     swarm = LocalSwarm(logs)
     maddrs_file = logs / "bootstrap.maddrs"
     maddrs_file.unlink(missing_ok=True)

@@ -1,0 +1,176 @@
+"""Benchmark: wall time to the accuracy target, local swarm vs single-process `p2prl train`, in one run.
+
+    python benchmarks/swarm_vs_train.py [--samplers 2] [--repeats 2] [section.key=value ...]
+
+1. ``p2prl train --config configs/default.toml --fresh --no-progress train.out_dir=<tmp>``;
+2. ``p2prl swarm up --config configs/default.toml --fresh --no-progress --samplers 2 train.out_dir=<tmp2>``
+   (bootstrap + learner + samplers as separate processes on 127.0.0.1, loopback-only settings).
+
+For each, the time to target is the ``time`` field of the first line of the (learner's) ``metrics.jsonl``
+whose ``eval/heldout_acc`` reaches base accuracy + 0.20 (the core issue's target), minus the moment the
+command was started, so start-up (processes, model, DHT, bootstrap) is included. Base accuracy: train's
+step-0 line; the swarm learner's ``checkpoint/state.json``. Held-out accuracy is evaluated every
+``train.eval_every`` versions in both, so both times are quantised to the same versions. Each run is
+stopped once it reached the target (or after 240 s). The runs go in the order train, swarm, swarm, train, ...
+(``--repeats`` of each) so that slow phases of a shared machine hit both; medians are compared.
+Target: swarm at most 1.5x the single-process time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_section  # noqa: E402
+from weight_fanout import learner_dir, run_swarm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+GAIN = 0.20
+LIMIT_S = 240
+
+
+def read_lines(path: Path) -> list[dict]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError:  # being written
+                break
+    return out
+
+
+def first_hit(lines: list[dict], base: float | None) -> dict | None:
+    if base is None:
+        return None
+    return next((l for l in lines if l["step"] > 0 and l.get("eval/heldout_acc", -1.0) >= base + GAIN - 1e-9), None)
+
+
+def swarm_base(out: Path) -> float | None:
+    try:
+        return json.loads((out / "checkpoint" / "state.json").read_text()).get("base_acc")
+    except (OSError, ValueError):
+        return None
+
+
+def train_base(lines: list[dict]) -> float | None:
+    return lines[0]["eval/heldout_acc"] if lines and lines[0]["step"] == 0 else None
+
+
+def run_train(out: Path, overrides: list[str], log_path: Path) -> dict:
+    cmd = [sys.executable, "-m", "p2prl.cli", "train", "--config", "configs/default.toml", "--fresh", "--no-progress",
+           f"train.out_dir={out}", *overrides]
+    metrics = out / "metrics.jsonl"
+    with log_path.open("wb") as log:
+        t0 = time.time()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
+                                start_new_session=True)
+        try:
+            while proc.poll() is None and time.time() - t0 < LIMIT_S:
+                lines = read_lines(metrics)
+                if first_hit(lines, train_base(lines)):
+                    break
+                time.sleep(0.2)
+            ended = "finished" if proc.poll() is not None else "stopped at the target"
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    lines = read_lines(metrics)
+    return summarize("p2prl train (1 process)", lines, train_base(lines), t0, ended)
+
+
+def run_swarm_once(out: Path, samplers: int, overrides: list[str], log_path: Path) -> dict:
+    def reached() -> bool:
+        d = learner_dir(out)
+        return first_hit(read_lines(d / "metrics.jsonl"), swarm_base(d)) is not None
+
+    args = ["--config", "configs/default.toml", "--fresh", "--no-progress", "--samplers", str(samplers),
+            f"train.out_dir={out}", "swarm.run_id=bench-svt", *overrides]
+    code, t0 = run_swarm(args, LIMIT_S, log_path, until=reached)
+    d = learner_dir(out)
+    return summarize(f"p2prl swarm up --samplers {samplers}", read_lines(d / "metrics.jsonl"), swarm_base(d), t0,
+                     "finished" if code == 0 else "stopped")
+
+
+def summarize(name: str, lines: list[dict], base: float | None, t0: float, ended: str) -> dict:
+    hit = first_hit(lines, base)
+    steps = [l for l in lines if l["step"] > 0]
+    return {
+        "name": name, "base": base, "hit_step": hit["step"] if hit else None, "acc": hit["eval/heldout_acc"] if hit else None,
+        "t": hit["time"] - t0 if hit else None, "first_v": steps[0]["time"] - t0 if steps else None,
+        "rate": (steps[-1]["step"] - steps[0]["step"]) / (steps[-1]["time"] - steps[0]["time"]) if len(steps) > 1 else None,
+        "evals": [(l["step"], l["eval/heldout_acc"]) for l in lines if "eval/heldout_acc" in l],
+        "ended": ended if hit or ended == "finished" else "stopped at the time limit",
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--samplers", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("overrides", nargs="*")
+    a = ap.parse_args()
+    from p2prl.config import load_config
+
+    heldout = load_config(ROOT / "configs/default.toml", a.overrides).task.heldout_size
+    order = []
+    for i in range(a.repeats):
+        order += ["train", "swarm"] if i % 2 == 0 else ["swarm", "train"]
+    results = []
+    with tempfile.TemporaryDirectory(prefix="p2prl-svt-") as tmp:
+        for i, kind in enumerate(order):
+            out, log = Path(tmp) / f"{kind}{i}", Path(tmp) / f"{kind}{i}.log"
+            r = (run_train(out, a.overrides, log) if kind == "train"
+                 else run_swarm_once(out, a.samplers, a.overrides, log))
+            r["kind"] = kind
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "evals"}), flush=True)
+
+    fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)
+    med = {}
+    for kind in ("train", "swarm"):
+        ts = [r["t"] for r in results if r["kind"] == kind]
+        med[kind] = statistics.median(ts) if all(t is not None for t in ts) else None
+    ratio = med["swarm"] / med["train"] if med["swarm"] and med["train"] else None
+    ok = ratio is not None and ratio <= 1.5
+    rows = [
+        f"| {i + 1} | `{r['name']}` | {fmt(r['base'], '{:.3f}')} | {fmt(r['base'] + GAIN if r['base'] is not None else None, '{:.3f}')} | "
+        f"{fmt(r['hit_step'], 'v{}')} ({fmt(r['acc'], '{:.3f}')}) | {fmt(r['t'])} | {fmt(r['first_v'])} | {fmt(r['rate'], '{:.2f}')} | {r['ended']} |"
+        for i, r in enumerate(results)
+    ]
+    body = "\n".join([
+        "| # | run | base acc | target acc | first version at target (acc) | time to target (s, incl. start-up) "
+        "| first version logged at (s) | versions/s (after the first) | ended |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "| median time to target: train (s) | swarm (s) | swarm / train | target: <= 1.5x |",
+        "|---|---|---|---|",
+        f"| {fmt(med['train'])} | {fmt(med['swarm'])} | {fmt(ratio, '{:.2f}')} | {'met' if ok else 'MISSED'} |",
+    ]) + (
+        f"\n\nHeld-out accuracy: greedy, {heldout} problems, every `train.eval_every` versions. All runs on the same "
+        f"machine one after the other (order {', '.join(order)}), from the base checkpoint with `configs/default.toml`"
+        f"{' and ' + ' '.join(a.overrides) if a.overrides else ''}. The swarm's learner, {a.samplers} samplers and the "
+        "bootstrap are separate processes (each sampler and the learner load the model, each peer runs a hivemind DHT "
+        "process and a p2pd) sharing the same cores; the single process runs one sampler half and one learner half."
+    )
+    print(body)
+    shown = " ".join(["python benchmarks/swarm_vs_train.py"] + (["--samplers", str(a.samplers)] if a.samplers != 2 else [])
+                     + (["--repeats", str(a.repeats)] if a.repeats != 2 else []) + a.overrides)
+    write_section("swarm_vs_train", "Local swarm vs single process: wall time to the accuracy target", shown, body)
+
+
+if __name__ == "__main__":
+    main()
