@@ -156,6 +156,9 @@ def _cmd_join(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
+    if args.role == "sampler" and not cfg.swarm.initial_peers:
+        raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
+                     "(the multiaddrs that `p2prl bootstrap` prints)")
     if args.role == "learner":
         if cfg.swarm.client_mode:
             raise _usage("a learner must accept connections; --client-mode is for samplers")
@@ -172,6 +175,8 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
+    if not cfg.swarm.initial_peers:
+        raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
     from p2prl.swarm.status import show_status
 
     return show_status(cfg, as_json=args.json)

@@ -64,5 +64,9 @@ def test_cli_errors_name_the_problem(tmp_path):
     assert r.returncode == 2 and "train.bogus: unknown key" in r.stderr and "Traceback" not in r.stderr
     r = run("train", f"train.out_dir={tmp_path}", f"model.path={tmp_path}/missing")
     assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
+    r = run("join", "--role", "sampler")
+    assert r.returncode == 2 and "--initial-peers" in r.stderr and "Traceback" not in r.stderr
+    r = run("join", "--role", "sampler", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--loopback")
+    assert r.returncode == 2 and "/p2p/" in r.stderr and "Traceback" not in r.stderr
     r = run("--help")
-    assert r.returncode == 0 and "train" in r.stdout
+    assert r.returncode == 0 and all(c in r.stdout for c in ("train", "bootstrap", "join", "status", "swarm"))
