@@ -96,7 +96,12 @@ class Learner:
                 return "duplicate", ""
             with self.lock:
                 self.counts[f"rejected/{e.reason}"] += 1
-            log.warning("rejected a group from %s: %s", peer[-6:], e)
+                n = self.counts[f"rejected/{e.reason}"]
+            # stale data is the staleness rule at work, not misbehaviour; anything else is a warning,
+            # logged for the first few of each reason and then every 100th (a bad peer cannot flood the log)
+            level = logging.DEBUG if e.reason == "stale" else logging.WARNING
+            if n <= 5 or n % 100 == 0:
+                log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
             return "rejected", e.reason
         except Exception as e:  # a bug must not let one peer take the learner down
             with self.lock:

@@ -200,6 +200,8 @@ class SwarmNode:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
 
         async def close():
+            # streams cut by the daemon going away are expected now: keep them out of the user's terminal
+            asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: log.debug("at shutdown: %s", ctx))
             await self._p2p.shutdown()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:

@@ -135,7 +135,8 @@ class Sampler:
             self.queues[target] = reply["queue"]
         if reply["status"] == "rejected":
             self.counts[f"send/rejected/{reply.get('reason')}"] += 1
-            log.warning("learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reply.get("reason"))
+            level = logging.DEBUG if reply.get("reason") == "stale" else logging.WARNING
+            log.log(level, "learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reply.get("reason"))
             self.outbox.pop(p.group.group_id, None)
             return
         self.counts["send/" + reply["status"]] += 1
