@@ -175,3 +175,10 @@ def test_unreachable_initial_peer_fails_fast_and_clearly(peer, tmp_path):
     assert "Traceback" not in err
     assert "p2prl bootstrap: error:" in err and "initial peer" in err
     assert out == ""
+
+
+def test_any_reachable_initial_peer_suffices(bootstrap):
+    """A dead bootstrap listed first does not stop a peer from joining through a live one."""
+    dead = "/ip4/127.0.0.1/tcp/1/p2p/" + _peer_id(bootstrap)
+    with joiner([dead, *bootstrap]) as a:
+        assert _peer_id(bootstrap) in a.run_coroutine(_routing_table_peers)
