@@ -130,3 +130,32 @@ def test_hostile_peer_is_rejected_and_counted(peers, tmp_path):
     for reason in expected.values():
         assert counts.get(f"rejected/{reason}", 0) >= 1, (reason, counts)
     assert "Traceback" not in peers.log("learner")
+
+
+def _children_gone(logs: Path) -> bool:
+    """No process is left whose command line names this swarm's folder."""
+    out = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    return str(logs.parent) not in out
+
+
+def test_swarm_up_runs_and_ctrl_c_stops_every_child(tmp_path):
+    root = Path(__file__).parent.parent
+    cmd = [sys.executable, "-m", "p2prl.cli", "swarm", "up", "--samplers", "1", "--no-progress", "--fresh",
+           "--config", "configs/default.toml", f"train.out_dir={tmp_path}/a", "train.steps=3", *FAST]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=root, start_new_session=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert last_json(done.stdout)["version"] == 3
+    wait_for(lambda: _children_gone(tmp_path / "a" / "logs"), 30, "the children to stop")
+
+    cmd[cmd.index(f"train.out_dir={tmp_path}/a")] = f"train.out_dir={tmp_path}/b"
+    cmd[cmd.index("train.steps=3")] = "train.steps=100000"
+    up = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=root, start_new_session=True)
+    try:
+        wait_for(lambda: len(read_jsonl(tmp_path / "b" / "learner" / "train_log.jsonl")) >= 2, 180, "training")
+        up.send_signal(signal.SIGINT)  # what Ctrl-C does
+        assert up.wait(timeout=60) == 130
+        wait_for(lambda: _children_gone(tmp_path / "b" / "logs"), 30, "every child to stop")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        subprocess.run(["pkill", "-KILL", "-f", str(tmp_path)])  # whatever a failed run left behind
