@@ -6,12 +6,15 @@ verifier recomputed, never a sampler's claim.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import torch
 
 from p2prl.algo import LOSSES, group_advantages
+from p2prl.checkpoint import load_optimizer, read_state
 from p2prl.config import Config
-from p2prl.policy import Policy, sequence_logprobs
+from p2prl.policy import Policy, load_policy, sequence_logprobs
 from p2prl.rollout import RolloutGroup
 
 
@@ -81,3 +84,19 @@ class LearnerCore:
         metrics["policy/version"] = self.version
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
+
+
+def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:
+    """The learner at the checkpoint in ``out`` (fresh from ``cfg.model.path`` if none) and its saved state."""
+    state = read_state(out, cfg) or {}
+    core = LearnerCore(load_policy(out / "checkpoint" if state else cfg.model.path), cfg)
+    if state:
+        load_optimizer(out, core.optimizer, core.scheduler)
+        core.version = state["version"]
+    return core, state
+
+
+def progress_line(m: dict[str, float], acc: float) -> str:
+    """The progress-bar summary of one learner step."""
+    return (f"v{m['policy/version']} reward {m['rollout/reward']:.2f} acc {acc:.3f} kl {m['loss/kl_k3']:.2e} "
+            f"wvar {m['loss/is_weight_var']:.2e} lag {m['rollout/lag_mean']:.1f}")

@@ -19,11 +19,11 @@ import torch
 from tqdm import tqdm
 
 from p2prl.admission import AdmissionBuffer
-from p2prl.checkpoint import load_optimizer, read_state, save_checkpoint
+from p2prl.checkpoint import save_checkpoint
 from p2prl.config import Config
 from p2prl.delay import SyncDelay
 from p2prl.evaluate import heldout_accuracy
-from p2prl.learner import LearnerCore
+from p2prl.learner import progress_line, resume_learner
 from p2prl.metrics import JsonlSink
 from p2prl.policy import load_policy
 from p2prl.rollout import RecordError, decode_group, encode_group
@@ -43,19 +43,16 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
     if fresh:
         shutil.rmtree(out / "checkpoint", ignore_errors=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
-    state = read_state(out, cfg) or {}
-    start_from = out / "checkpoint" if state else cfg.model.path
     torch.manual_seed(t.seed)
 
     task = AdditionTask(digits=cfg.task.digits, seed=cfg.task.seed)
-    learner = LearnerCore(load_policy(start_from), cfg)
-    sampler = SamplerCore(load_policy(start_from), task, cfg, RUN_ID, peer_id="sampler0")
+    learner, state = resume_learner(cfg, out)
+    sampler = SamplerCore(load_policy(out / "checkpoint" if state else cfg.model.path), task, cfg, RUN_ID,
+                          peer_id="sampler0")
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)
     buffer = AdmissionBuffer(cfg.staleness.max_staleness)
     if state:
-        load_optimizer(out, learner.optimizer, learner.scheduler)
-        learner.version = state["version"]
         sampler.groups_made = state["groups_made"]
     cursor = state.get("cursor", 0)
     delay = SyncDelay(cfg.staleness, seed=t.seed + learner.version)
@@ -97,10 +94,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         m["policy/sampler_version"] = sampler.version
         sink.log(v, m)
         bar.update(1)
-        bar.set_postfix_str(
-            f"v{v} reward {m['rollout/reward']:.2f} acc {acc:.3f} kl {m['loss/kl_k3']:.2e} "
-            f"wvar {m['loss/is_weight_var']:.2e} lag {m['rollout/lag_mean']:.1f}"
-        )
+        bar.set_postfix_str(progress_line(m, acc))
         if v % t.checkpoint_every == 0 or v == t.steps:
             save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
                 "version": v, "cursor": cursor, "groups_made": sampler.groups_made,

@@ -23,12 +23,11 @@ from pathlib import Path
 from tqdm import tqdm
 
 from p2prl.admission import AdmissionBuffer
-from p2prl.checkpoint import load_optimizer, read_state, save_checkpoint
+from p2prl.checkpoint import save_checkpoint
 from p2prl.config import Config
 from p2prl.evaluate import heldout_accuracy
-from p2prl.learner import LearnerCore
+from p2prl.learner import progress_line, resume_learner
 from p2prl.metrics import JsonlSink
-from p2prl.policy import load_policy
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.dht import PolicyRecord, new_record
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
@@ -45,11 +44,7 @@ class Learner:
         self.cfg, self.node = cfg, node
         self.out = Path(cfg.train.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        state = read_state(self.out, cfg) or {}
-        self.core = LearnerCore(load_policy(self.out / "checkpoint" if state else cfg.model.path), cfg)
-        if state:
-            load_optimizer(self.out, self.core.optimizer, self.core.scheduler)
-            self.core.version = state["version"]
+        self.core, state = resume_learner(cfg, self.out)
         s = cfg.sampling
         self.task = AdditionTask(digits=cfg.task.digits, seed=cfg.task.seed)
         # its own tokenizer: handlers run on the network thread while evaluation pads on this one
@@ -226,8 +221,7 @@ class Learner:
             m["net/weights_uploads"] = self.store.uploads
             sink.log(v, m)
             bar.update(1)
-            bar.set_postfix_str(f"v{v} reward {m['rollout/reward']:.2f} acc {acc:.3f} kl {m['loss/kl_k3']:.2e} "
-                                f"wvar {m['loss/is_weight_var']:.2e} lag {m['rollout/lag_mean']:.1f} queue {len(self.buffer)}")
+            bar.set_postfix_str(f"{progress_line(m, acc)} queue {m['admission/queue_depth']}")
         bar.close()
         sink.close()
         train_log.close()
