@@ -275,8 +275,7 @@ def main() -> None:
             node.shutdown()
         if proc is not None:
             stop_child(proc)
-        if os.environ.get("BENCH_KEEP"): print("kept", tmp)
-        else: shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [
         "| record | KiB/record | path | records/round | MB/s (median) | records/s (median) | p2prl / raw (median of per-round ratios) | target: >= 0.5 of raw |",

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -100,8 +101,18 @@ def run_swarm_once(out: Path, samplers: int, overrides: list[str], log_path: Pat
             f"train.out_dir={out}", "swarm.run_id=bench-svt", *overrides]
     code, t0 = run_swarm(args, LIMIT_S, log_path, until=reached)
     d = learner_dir(out)
-    return summarize(f"p2prl swarm up --samplers {samplers}", read_lines(d / "metrics.jsonl"), swarm_base(d), t0,
-                     "finished" if code == 0 else "stopped")
+    r = summarize(f"p2prl swarm up --samplers {samplers}", read_lines(d / "metrics.jsonl"), swarm_base(d), t0,
+                  "finished" if code == 0 else "stopped")
+    # start-up phases: the bootstrap's maddrs file appears when it is up; the learner logs (to the second)
+    # when it serves version 0, after its DHT join, model load and base evaluation
+    maddrs = out / "logs" / "bootstrap.maddrs"
+    r["boot_up"] = maddrs.stat().st_mtime - t0 if maddrs.exists() else None
+    m = re.search(r"^(\d\d):(\d\d):(\d\d) INFO \[learner\].*serving run", log_path.read_text(errors="replace"), re.M)
+    if m:
+        lt = time.localtime(t0)
+        serving = time.mktime((lt.tm_year, lt.tm_mon, lt.tm_mday, *map(int, m.groups()), 0, 0, -1))
+        r["learner_up"] = serving - t0
+    return r
 
 
 def summarize(name: str, lines: list[dict], base: float | None, t0: float, ended: str) -> dict:
@@ -139,6 +150,10 @@ def main() -> None:
             print(json.dumps({k: v for k, v in r.items() if k != "evals"}), flush=True)
 
     fmt = lambda x, f="{:.1f}": "-" if x is None else f.format(x)
+    swarms = [r for r in results if r["kind"] == "swarm"]
+    startup = "; ".join(
+        f"run {results.index(r) + 1}: bootstrap up at {fmt(r.get('boot_up'))} s, learner serving v0 at ~{fmt(r.get('learner_up'), '{:.0f}')} s "
+        f"(log time, 1 s resolution), first version at {fmt(r['first_v'])} s" for r in swarms)
     med = {}
     for kind in ("train", "swarm"):
         ts = [r["t"] for r in results if r["kind"] == kind]
@@ -165,6 +180,9 @@ def main() -> None:
         f"{' and ' + ' '.join(a.overrides) if a.overrides else ''}. The swarm's learner, {a.samplers} samplers and the "
         "bootstrap are separate processes (each sampler and the learner load the model, each peer runs a hivemind DHT "
         "process and a p2pd) sharing the same cores; the single process runs one sampler half and one learner half."
+        f"\n\nSwarm start-up, from the `swarm up` command: {startup}. `swarm up` starts the learner and samplers only "
+        "once the bootstrap is up; the learner then joins the DHT, loads the model and evaluates the base accuracy "
+        "before it publishes version 0, while the samplers start (torch, DHT, p2pd) on the same cores."
     )
     print(body)
     shown = " ".join(["python benchmarks/swarm_vs_train.py"] + (["--samplers", str(a.samplers)] if a.samplers != 2 else [])

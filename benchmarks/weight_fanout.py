@@ -1,6 +1,6 @@
 """Benchmark: how many copies of each policy version the learner uploads when 4 samplers fetch it.
 
-    python benchmarks/weight_fanout.py [--samplers 4] [--steps 30] [section.key=value ...]
+    python benchmarks/weight_fanout.py [--samplers 4] [--steps 60] [section.key=value ...]
 
 Runs a real local swarm with the CLI (``p2prl swarm up``: bootstrap + learner + N samplers as separate
 processes on 127.0.0.1, loopback-only settings) for ``--steps`` versions of the default config, then reads
@@ -92,7 +92,7 @@ def run_swarm(args: list[str], timeout_s: float, log_path: Path, until=lambda: F
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--samplers", type=int, default=4)
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
 
@@ -157,7 +157,7 @@ def main() -> None:
     print(body)
     shown = " ".join(["python benchmarks/weight_fanout.py"]
                      + (["--samplers", str(a.samplers)] if a.samplers != 4 else [])
-                     + (["--steps", str(a.steps)] if a.steps != 30 else []) + a.overrides)
+                     + (["--steps", str(a.steps)] if a.steps != 60 else []) + a.overrides)
     write_section("weight_fanout", f"Weight fan-out: learner upload per version with {a.samplers} samplers", shown, body)
 
 

@@ -1,6 +1,6 @@
 """Benchmark: fetching one policy version (10M and 100M float32 parameters) through p2prl's weights protocol.
 
-    python benchmarks/weight_fetch.py [--rounds 3]
+    python benchmarks/weight_fetch.py [--rounds 5]
 
 Two processes, each with its own hivemind DHT + p2pd on 127.0.0.1 (loopback-only settings):
 
@@ -12,7 +12,7 @@ Two processes, each with its own hivemind DHT + p2pd on 127.0.0.1 (loopback-only
   by the record's size, sha256 check) against the raw stream read with ``readexactly`` (no hash).
 
 Rounds alternate raw / p2prl; medians are shown. The fetcher's peak resident-memory growth during
-each kind of fetch is sampled from /proc (the benchmark itself keeps at most one copy of a blob
+each kind of fetch is the kernel's high-water mark (reset before each fetch) (the benchmark itself keeps at most one copy of a blob
 alive per process outside the fetch). Target: p2prl's fetch reaches at least 0.5 of the raw stream's
 throughput for the same bytes.
 """
@@ -40,33 +40,26 @@ MODELS = [("10M", 10), ("100M", 100)]  # label, millions of parameters
 RAW_CHUNK = 1 << 20
 
 
-def rss_mb() -> float:
+def status_mb(field: str) -> float:
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
 
 class PeakRss:
-    """Peak resident memory (MB) of this process above its level at entry, sampled every 2 ms."""
+    """Peak resident memory (MB) of this process above its level at entry: the kernel's high-water
+    mark (VmHWM), reset on entry through /proc/self/clear_refs, so no short peak is missed."""
 
     def __enter__(self):
-        self.base = self.peak = rss_mb()
-        self._stop = threading.Event()
-        self._t = threading.Thread(target=self._run, daemon=True)
-        self._t.start()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        self.base = status_mb("VmRSS")
         return self
 
-    def _run(self):
-        while not self._stop.wait(0.002):
-            self.peak = max(self.peak, rss_mb())
-
     def __exit__(self, *exc):
-        self._stop.set()
-        self._t.join()
-        self.peak = max(self.peak, rss_mb())
-        self.growth = self.peak - self.base
+        self.growth = status_mb("VmHWM") - self.base
 
 
 # ---- holder (child process) --------------------------------------------------------------------
@@ -118,7 +111,7 @@ def serve(info_path: str) -> None:
 # ---- fetcher ------------------------------------------------------------------------------------
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
@@ -136,6 +129,14 @@ def main() -> None:
     from p2prl.swarm.sampler_role import Sampler
 
     logging.basicConfig(level=logging.WARNING)
+    fetch_log: list[str] = []  # Sampler.fetch reports a failed attempt at INFO
+
+    class Collect(logging.Handler):
+        def emit(self, record):
+            fetch_log.append(record.getMessage())
+
+    logging.getLogger("p2prl.sampler").addHandler(Collect(logging.INFO))
+    logging.getLogger("p2prl.sampler").setLevel(logging.INFO)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
     proc = node = None
     rows, ok_all, notes = [], True, []
@@ -185,17 +186,14 @@ def main() -> None:
                     assert n == m["size"], (k, n, m["size"])
                     growth[k] = max(growth[k], mem.growth)
             # attribution: the hash and the holder look-up on their own
-            blob = os.urandom(m["size"]) if m["size"] < 64 << 20 else None
-            t0 = time.perf_counter()
-            if blob is not None:
-                hashlib.sha256(blob).hexdigest()
-                sha_s = time.perf_counter() - t0
-            else:
-                h, chunk = hashlib.sha256(), os.urandom(64 << 20)
-                for _ in range(m["size"] // len(chunk)):
-                    h.update(chunk)
-                sha_s = (time.perf_counter() - t0) * m["size"] / (len(chunk) * (m["size"] // len(chunk)))
-            del blob
+            chunk = os.urandom(min(m["size"], 64 << 20))  # hash throughput on 64 MiB pieces, scaled to the blob
+            reps = max(1, m["size"] // len(chunk))
+            h, t0 = hashlib.sha256(), time.perf_counter()
+            for _ in range(reps):
+                h.update(chunk)
+            h.hexdigest()
+            sha_s = (time.perf_counter() - t0) * m["size"] / (len(chunk) * reps)
+            del chunk
             t0 = time.perf_counter()
             node.holders(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             lookup_s = time.perf_counter() - t0
@@ -232,12 +230,13 @@ def main() -> None:
         "the status byte, sha256 check against the published hash. Raw = the same bytes on a bare hivemind "
         "binary stream, 1 MiB writes, one `readexactly`, no hash. "
         + "; ".join(notes) + ". "
-        f"p2prl fetches that had to be retried: {failures['p2prl']}."
+        f"p2prl fetches that had to be retried (time included): {failures['p2prl']}"
+        + (f" ({'; '.join(sorted(set(fetch_log)))})" if fetch_log else "") + "."
         f"\n\nOverall: {'met' if ok_all else 'MISSED'} (p2prl >= 0.5 x raw stream throughput for every size)."
     )
     print(body)
     write_section("weight_fetch", "Weight fetch: one version through the weights protocol (loopback)",
-                  " ".join(["python benchmarks/weight_fetch.py"] + (["--rounds", str(args.rounds)] if args.rounds != 3 else [])),
+                  " ".join(["python benchmarks/weight_fetch.py"] + (["--rounds", str(args.rounds)] if args.rounds != 5 else [])),
                   body)
 
 
