@@ -170,17 +170,18 @@ class Learner:
 
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
         t, sw = self.cfg.train, self.cfg.swarm
-        for name, handler in (("rollout", self.on_rollout), ("acks", self.on_acks), ("weights", weights_handler(self.store))):
-            self.node.serve(name, handler)
-        if self.base_acc is None:
-            self.base_acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
-        acc = best = self.base_acc
+        self.node.serve("rollout", self.on_rollout)
+        self.node.serve("acks", self.on_acks)
+        self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(sw.max_weights_mb * 1e6)))
         train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
         if self.core.version not in self.published:
             train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
         else:
             self.publish()
-        self.heartbeat()
+        self.heartbeat()  # samplers can start while the base policy is evaluated
+        if self.base_acc is None:
+            self.base_acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
+        acc = best = self.base_acc
         log.info("learner %s serving run %r at version %d; peers can join via %s",
                  self.node.short_id, sw.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
         sink = JsonlSink(self.out / "metrics.jsonl")

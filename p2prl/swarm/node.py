@@ -158,16 +158,19 @@ class SwarmNode:
     def _proto(self, name: str) -> str:
         return f"p2prl/{self.cfg.run_id}/{name}"
 
-    def serve(self, name: str, handler: Handler) -> None:
+    def serve(self, name: str, handler: Handler, timeout_s: float | None = None) -> None:
         """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
 
-        A failing handler is logged with the remote peer; it never stops the node.
+        One exchange may last ``timeout_s`` (default ``swarm.rpc_timeout_s``). A failing
+        handler is logged with the remote peer; it never stops the node.
         """
 
         async def on_stream(info, reader, writer):
             peer = info.peer_id.to_base58()
             try:
-                await asyncio.wait_for(handler(peer, reader, writer), self.cfg.rpc_timeout_s)
+                await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
+                # let the requester read the reply and close first: closing at once can lose the reply
+                await asyncio.wait_for(reader.read(1), 5)
             except asyncio.CancelledError:  # node shutting down
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
@@ -179,8 +182,8 @@ class SwarmNode:
 
         self.run(self._p2p.add_binary_stream_handler(self._proto(name), on_stream), timeout=30)
 
-    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
-        """Open a stream to ``peer_id``, send one frame, return the one-frame reply."""
+    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
+        """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``)."""
         from hivemind.p2p import PeerID
 
         async def go():
@@ -191,7 +194,11 @@ class SwarmNode:
             finally:
                 writer.close()
 
-        return self.run(go(), timeout=self.cfg.rpc_timeout_s)
+        return self.run(go(), timeout=timeout_s or self.cfg.rpc_timeout_s)
+
+    def transfer_timeout(self, nbytes: int) -> float:
+        """Time allowed for moving ``nbytes``: the RPC timeout plus one second per MB (a 8 Mbit/s floor)."""
+        return self.cfg.rpc_timeout_s + nbytes / 1e6
 
     def visible_maddrs(self) -> list[str]:
         return [str(m) for m in self.dht.get_visible_maddrs()]

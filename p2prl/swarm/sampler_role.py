@@ -73,7 +73,7 @@ class Sampler:
         for holder in others + [publisher]:
             try:
                 reply = self.node.request(holder, "weights", pack({"version": rec.version, "sha256": rec.sha256}),
-                                          max_reply=rec.size + 1)
+                                          max_reply=rec.size + 1, timeout_s=self.node.transfer_timeout(rec.size))
             except Exception as e:
                 log.info("weights v%d from %s failed: %s", rec.version, holder[-6:], type(e).__name__)
                 continue
@@ -189,7 +189,7 @@ class Sampler:
     def run(self, stop: threading.Event) -> None:
         sw, n = self.cfg.swarm, self.cfg.train.groups_per_step
         if not sw.client_mode:
-            self.node.serve("weights", weights_handler(self.store))
+            self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(sw.max_weights_mb * 1e6)))
         self.heartbeat()
         wait_until(lambda: self.node.peers("learner") and self.node.latest_policy(),
                    f"a learner of run {sw.run_id!r} to publish a policy", log, stop)
