@@ -297,7 +297,7 @@ def main() -> None:
         f"\n\nReplies lost (the stream ended before the reply arrived; the record was sent again at once, "
         f"time included): p2prl path {lost['replies']} of {lost['requests']} requests, raw {lost['raw_replies']} of "
         f"{lost['raw_requests']} (the raw receiver waits for the sender to close the stream before closing; "
-        "p2prl's `SwarmNode.serve` closes right after writing its reply)."
+        "p2prl's `SwarmNode.serve` also waits, up to 5 s, for the requester to close after reading the reply)."
         f"\n\nOverall: {'met' if ok_all else 'MISSED'} (p2prl >= 0.5 x raw per-record stream for every record size)."
     )
     print(body)

@@ -100,7 +100,12 @@ class Sampler:
         blob = self.fetch(publisher, rec)
         if blob is None:
             return
-        self.core.load(blob, rec.version, rec.sha256)
+        try:
+            self.core.load(blob, rec.version, rec.sha256)
+        except Exception as e:  # safetensors or shape errors: weights published for another model
+            self.counts["weights/unloadable"] += 1
+            log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
+            return
         if not self.cfg.swarm.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
             self.store.add(rec.version, rec.sha256, blob)
             self.node.announce_holder(rec)
