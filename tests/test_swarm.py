@@ -35,21 +35,20 @@ def check_log(out):
 def test_two_samplers_one_learner(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
-    learner = peers.join("learner", "learner", maddr, "train.steps=6", out=out)
+    learner = peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
     peers.join("s0", "sampler", maddr)
     peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress",
                        "--initial-peers", maddr, *FAST])  # behind NAT: outbound connections only
-    assert learner.wait(timeout=240) == 0, peers.log("learner")
+    trained_by = lambda: {gid.split("/")[0] for l in read_jsonl(out / "train_log.jsonl") for gid, _, _ in l["groups"]}
+    wait_for(lambda: len(trained_by()) == 2, 240, "groups of both samplers to be trained")
+    assert peers.stop("learner") == 0, peers.log("learner")
     summary = last_json(peers.log("learner"))
-    assert summary["version"] == 6
     lines, ids = check_log(out)
-    assert [l["version"] for l in lines] == list(range(7))
-    assert len(ids) == 6 * 4
+    assert [l["version"] for l in lines] == list(range(summary["version"] + 1))
+    assert len(ids) == summary["version"] * 4
     versions_loaded = {name: peers.log(name).count("verified)") for name in ("s0", "s1")}
-    assert sum(versions_loaded.values()) >= 3, versions_loaded  # samplers took up new versions
+    assert min(versions_loaded.values()) >= 2, versions_loaded  # both samplers took up new versions
     assert {v for l in lines for _, v, _ in l["groups"]} - {0}, "no group came from a newer version"
-    samplers = {gid.split("/")[0] for gid in ids}
-    assert len(samplers) == 2, "both samplers contributed"
     status = subprocess.run([sys.executable, "-m", "p2prl.cli", "status", "--loopback", "--initial-peers", maddr,
                              "--run-id", "test", "--json"], capture_output=True, text=True, timeout=60)
     assert status.returncode == 0, status.stderr
