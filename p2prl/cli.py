@@ -6,8 +6,6 @@ import argparse
 import json
 import sys
 
-DEFAULT_CONFIG = "configs/default.toml"
-
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", default=None, help="TOML config file (see configs/); defaults apply to missing keys")

@@ -8,7 +8,7 @@ reason code that the learner logs and counts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -46,7 +46,6 @@ class RolloutGroup:
     logq: np.ndarray  # (G, T) float32, sampler log-probs, 0 past each length
     rewards: np.ndarray  # (G,) float32, as claimed by the sampler
     sampler: str = ""
-    meta: dict = field(default_factory=dict)
 
     @property
     def group_size(self) -> int:

@@ -35,7 +35,7 @@ def check_log(out):
 def test_two_samplers_one_learner(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
-    learner = peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
+    peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
     peers.join("s0", "sampler", maddr)
     peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress",
                        "--initial-peers", maddr, *FAST])  # behind NAT: outbound connections only

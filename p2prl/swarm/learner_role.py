@@ -220,6 +220,7 @@ class Learner:
                 m["admission/queue_depth"] = len(self.buffer)
             m["net/weights_bytes_served"] = self.store.bytes_served
             m["net/weights_uploads"] = self.store.uploads
+            m["net/dht_errors"] = self.node.dht_errors
             sink.log(v, m)
             bar.update(1)
             bar.set_postfix_str(f"{progress_line(m, acc)} queue {m['admission/queue_depth']}")

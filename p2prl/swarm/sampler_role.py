@@ -228,4 +228,4 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
         sampler.run(stop)
     finally:
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, **sampler.counts}
+    return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts}
