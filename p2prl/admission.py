@@ -22,12 +22,13 @@ class AdmissionBuffer:
         self.max_staleness = max_staleness
         self.on_drop = on_drop
         self.pending: list[RolloutGroup] = []
+        self.first: list[RolloutGroup] = []  # requeued to be taken before the selection rule applies
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._new_since_pick = False
 
     def __len__(self) -> int:
-        return len(self.pending)
+        return len(self.pending) + len(self.first)
 
     def check(self, g: RolloutGroup, learner_version: int) -> None:
         """Raise ``RecordError`` if ``g`` is a duplicate or outside the window."""
@@ -47,23 +48,46 @@ class AdmissionBuffer:
         self.counts["admitted"] += 1
 
     def evict_stale(self, learner_version: int) -> None:
-        keep = []
-        for g in self.pending:
-            if learner_version - g.policy_version <= self.max_staleness:
-                keep.append(g)
-            else:
-                self.counts["dropped_stale"] += 1
-                self.on_drop(g)
-        self.pending = keep
+        def keep(groups):
+            out = []
+            for g in groups:
+                if learner_version - g.policy_version <= self.max_staleness:
+                    out.append(g)
+                else:
+                    self.counts["dropped_stale"] += 1
+                    self.on_drop(g)
+            return out
+
+        self.pending, self.first = keep(self.pending), keep(self.first)
+
+    def requeue(self, groups: list[RolloutGroup], first: bool = False) -> None:
+        """Put back groups taken by ``select`` that were not trained after all (a failed round).
+
+        ``first``: the next selections take them before anything else (groups of a discarded
+        version, which their samplers may already have been told were trained).
+        """
+        if first:
+            self.first.extend(groups)
+        else:
+            self.pending.extend(groups)
+            self._new_since_pick = True
+
+    def forget_trained(self, ids: set[str]) -> None:
+        """Groups trained elsewhere (another learner's share of a round): never admit or select them here."""
+        self.pending = [g for g in self.pending if g.group_id not in ids]
+        self.first = [g for g in self.first if g.group_id not in ids]
+        self.seen.update(ids)
 
     def select(self, n: int, learner_version: int) -> list[RolloutGroup] | None:
         """Pick ``n`` groups by the selection rule, or None if fewer are waiting."""
         self.evict_stale(learner_version)
-        if len(self.pending) < n:
+        if len(self) < n:
             return None
+        batch, self.first = self.first[:n], self.first[n:]
         newest_first = self._new_since_pick
         # stable sort: within a version, arrival order is kept
         self.pending.sort(key=lambda g: g.policy_version, reverse=newest_first)
-        batch, self.pending = self.pending[:n], self.pending[n:]
+        k = n - len(batch)
+        batch, self.pending = batch + self.pending[:k], self.pending[k:]
         self._new_since_pick = False
         return batch

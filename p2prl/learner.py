@@ -10,12 +10,15 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
 
 from p2prl.algo import LOSSES, group_advantages
 from p2prl.checkpoint import load_optimizer, read_state
 from p2prl.config import Config
 from p2prl.policy import Policy, load_policy, sequence_logprobs
 from p2prl.rollout import RolloutGroup
+from p2prl.weights import load_weights
 
 
 def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
@@ -70,20 +73,70 @@ class LearnerCore:
         m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
         return loss, m
 
-    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """One optimizer step on ``groups``; advances the policy version."""
+    def gradient(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The flat mean gradient of the loss on ``groups`` (parameters in ``model.parameters()`` order)."""
         self.optimizer.zero_grad(set_to_none=True)
         loss, metrics = self.loss(groups)
         loss.backward()
-        metrics["loss/grad_norm"] = float(
+        params = list(self.policy.model.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        self.optimizer.zero_grad(set_to_none=True)
+        return flat, metrics
+
+    def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
+        """Clip ``flat_grad``, take one optimizer step with it; advances the policy version."""
+        offset = 0
+        for p in self.policy.model.parameters():
+            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        metrics = {"loss/grad_norm": float(
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.train.max_grad_norm)
-        )
+        )}
         self.optimizer.step()
         self.scheduler.step()
         self.version += 1
         metrics["policy/version"] = self.version
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
         return metrics
+
+    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """One optimizer step on ``groups``; advances the policy version."""
+        grad, metrics = self.gradient(groups)
+        return {**metrics, **self.apply(grad)}
+
+    # ---- state shared between learners (weights + optimizer), typed: safetensors + ints ----------
+    def optimizer_blob(self) -> bytes:
+        """The AdamW state as safetensors bytes (``<param index>.<name>``)."""
+        tensors = {}
+        for i, p in enumerate(self.policy.model.parameters()):
+            for name, t in self.optimizer.state.get(p, {}).items():
+                tensors[f"{i}.{name}"] = t.detach().contiguous().cpu()
+        return st_save(tensors)
+
+    def load_state(self, weights: bytes, optimizer: bytes, version: int) -> None:
+        """Load a peer's weights (safetensors) and ``optimizer_blob`` bytes at ``version``; validated first."""
+        got = st_load(optimizer)
+        params = list(self.policy.model.parameters())
+        state: dict = {}
+        for k, t in got.items():
+            idx, _, name = k.partition(".")
+            if not idx.isdigit() or int(idx) >= len(params) or name not in ("step", "exp_avg", "exp_avg_sq"):
+                raise ValueError(f"unexpected optimizer tensor {k!r}")
+            p = params[int(idx)]
+            if (name == "step" and t.numel() != 1) or (name != "step" and t.shape != p.shape):
+                raise ValueError(f"optimizer tensor {k!r} has shape {tuple(t.shape)}")
+            state.setdefault(p, {})[name] = t.float().reshape(()) if name == "step" else t.to(p.dtype)
+        if any(len(v) != 3 for v in state.values()):
+            raise ValueError("incomplete optimizer state")
+        load_weights(self.policy.model, weights)  # validates every tensor before loading any
+        self.optimizer.state.clear()
+        self.optimizer.state.update(state)
+        self.version = version
+        self.scheduler.last_epoch = version
+        lrs = [base * lam(version) for base, lam in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+        self.scheduler._last_lr = lrs
 
 
 def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:

@@ -98,3 +98,34 @@ def last_json(text: str) -> dict:
     """The last top-level JSON object a peer printed (its summary)."""
     start = text.rfind("\n{")
     return json.loads(text[start + 1 : text.index("\n}", start) + 2])
+
+
+def audit(learner_dirs: list[Path], ack_logs: list[Path]) -> list[dict]:
+    """The training history the last learner to publish descends from, checked against every learner's log.
+
+    Walks back from the newest (version, hash) through each line's ``parent``, taking lines from
+    any learner's log (learners of one round write the same line). Checks: the chain reaches
+    version 0; no group is in two versions of it; every group a sampler was told is trained is
+    in it. Returns the chain, oldest first.
+    """
+    lines = {}
+    for d in learner_dirs:
+        for l in read_jsonl(d / "train_log.jsonl"):
+            if "loaded_from" not in l:
+                key = (l["version"], l["published"])
+                assert lines.get(key, l)["groups"] == l["groups"], f"two logs disagree on the groups of v{key[0]}"
+                lines[key] = l
+    head = max(lines, key=lambda k: k[0])
+    chain = [lines[head]]
+    while chain[-1]["version"] > 0:
+        l = chain[-1]
+        parent = (l["version"] - 1, l["parent"])
+        assert parent in lines, f"no learner logged v{parent[0]} ({parent[1][:8]}), the parent of v{l['version']}"
+        chain.append(lines[parent])
+    chain.reverse()
+    trained = [gid for l in chain for gid, _, _ in l["groups"]]
+    assert len(trained) == len(set(trained)), "a group was trained in two versions"
+    acked = {gid for f in ack_logs if f.exists() for gid in f.read_text().split()}
+    missing = acked - set(trained)
+    assert not missing, f"{len(missing)} groups acknowledged as trained are not in the history, e.g. {sorted(missing)[:3]}"
+    return chain

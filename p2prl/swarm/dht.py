@@ -144,3 +144,8 @@ class PolicyRecord(_Record):
     version: int = Field(ge=0)
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(gt=0)
+    weight: int = Field(0, ge=0, le=2**40, description="samples averaged into this version (learners' tie-break)")
+
+    def rank(self) -> tuple:
+        """Order of competing records: newest version, then most samples, then the smaller hash."""
+        return (self.version, self.weight, tuple(-ord(c) for c in self.sha256))

@@ -8,18 +8,30 @@ admission state under ``self.lock``.
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
 disappears or forgets it (after a restart from an older checkpoint).
+
+Several learners of one run: each trains on the groups sent to it, and every version is
+one gradient round between the learners at that version (``averaging.py``: exact,
+sample-weighted, partial rounds detected and retried), so all of them publish the same
+bits. A learner that is behind (late joiner, missed round) loads the state from the one
+ahead (``state`` protocol); with nobody to average with it steps alone, so a slow or dead
+learner never blocks the others for longer than ``swarm.round_wait_s``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import hashlib
 import json
 import logging
 import threading
+import math
+import re
 import time
 from collections import Counter
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 from p2prl.admission import AdmissionBuffer
@@ -29,7 +41,8 @@ from p2prl.evaluate import heldout_accuracy
 from p2prl.learner import progress_line, resume_learner
 from p2prl.metrics import JsonlSink
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
-from p2prl.swarm.dht import PolicyRecord, new_record
+from p2prl.swarm.averaging import GradientRounds, RoundFailed
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
 from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.task import AdditionTask
@@ -61,6 +74,10 @@ class Learner:
         self.throughput = 0.0
         self.latest: PolicyRecord | None = None
         self.base_acc = state.get("base_acc")
+        self.others: list[PeerRecord] = []  # the run's other live learners
+        self.rounds: GradientRounds | None = None
+        self.trained_at: dict[int, tuple[list[str], list[RolloutGroup]]] = {}  # version -> (round's ids, own batch)
+        self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self._truncate_log(self.core.version)
 
     # ---- network handlers (loop thread) --------------------------------------------------
@@ -132,19 +149,107 @@ class Learner:
             queue = len(self.buffer)
         await write_frame(writer, pack({"states": states, "queue": queue}))
 
+    def snapshot(self) -> tuple[dict, bytes, bytes]:
+        """(header, weights, optimizer state) of the current version, consistent with each other."""
+        with self.step_lock:
+            weights, sha = serialize_weights(self.core.policy.model)
+            opt = self.core.optimizer_blob()
+            with self.lock:
+                published = {str(k): v for k, v in self.published.items()}
+            header = {"version": self.core.version, "sha256": sha, "weight": self.latest.weight if self.latest else 0,
+                      "published": published, "weights_len": len(weights)}
+        return header, weights, opt
+
+    async def on_state(self, peer: str, reader, writer) -> None:
+        """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
+        await read_frame(reader, MAX_CONTROL_BYTES)
+        header, weights, opt = await asyncio.get_running_loop().run_in_executor(None, self.snapshot)
+        h = pack(header)
+        await write_frame(writer, len(h).to_bytes(4, "big"), h, weights, opt)
+
+    def fetch_state(self, peer: str) -> tuple[dict, bytes, bytes]:
+        """A peer's state, bounded and checked (the weights' hash, every header field); ValueError otherwise."""
+        limit = int(3 * self.cfg.swarm.max_weights_mb * 2**20)
+        reply = self.node.request(peer, "state", pack({}), max_reply=limit, timeout_s=self.node.transfer_timeout(limit // 3))
+        n = int.from_bytes(reply[:4], "big")
+        if n > MAX_CONTROL_BYTES:
+            raise ValueError("state header too large")
+        h = unpack_map(reply[4 : 4 + n], {"version": int, "sha256": str, "weight": int, "published": dict,
+                                            "weights_len": int})
+        w_end = 4 + n + h["weights_len"]
+        if not 0 < h["weights_len"] <= len(reply) - 4 - n:
+            raise ValueError("state weights length out of range")
+        weights, opt = reply[4 + n : w_end], reply[w_end:]
+        if hashlib.sha256(weights).hexdigest() != h["sha256"]:
+            raise ValueError("state weights do not match their hash")
+        published = {}
+        for v, sha in h["published"].items():
+            if not (isinstance(v, str) and v.isdigit() and isinstance(sha, str) and re.fullmatch(r"[0-9a-f]{64}", sha)):
+                raise ValueError("bad published map")
+            published[int(v)] = sha
+        h["published"] = published
+        return h, weights, opt
+
+    def catch_up(self) -> bool:
+        """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded."""
+        latest = self.node.latest_policy()
+        if latest is None or latest[0] == self.node.peer_id or latest[1].rank() <= self.latest.rank():
+            return False
+        peer, rec = latest
+        try:
+            h, weights, opt = self.fetch_state(peer)
+            if h["version"] < rec.version:
+                raise ValueError(f"it sent v{h['version']}, older than its record v{rec.version}")
+            with self.step_lock:
+                self.core.load_state(weights, opt, h["version"])
+        except Exception as e:
+            with self.lock:
+                self.counts["sync/failed"] += 1
+            log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
+            return False
+        v = h["version"]
+        with self.lock:
+            # versions where our history differs from the peer's were a lost fork: their groups go back to samplers
+            diverged = min([u for u, sha in self.published.items() if h["published"].get(u, sha) != sha] + [v + 1])
+            for u in [u for u in self.trained_at if u >= diverged]:
+                ids, own = self.trained_at.pop(u)
+                for gid in ids:  # other learners' groups: theirs to redo
+                    self.states.pop(gid, None)
+                    self.buffer.seen.discard(gid)
+                for g in own:  # ours: train them again (samplers may have been told they were trained)
+                    self.states[g.group_id] = "pending"
+                    self.buffer.seen.add(g.group_id)
+                self.buffer.requeue(own, first=True)
+                self.counts["sync/groups_requeued"] += len(own)
+            self.published = {u: sha for u, sha in h["published"].items() if u >= v - self.cfg.staleness.max_staleness}
+            self.counts["sync/loaded"] += 1
+        self._truncate_log(diverged - 1)
+        self.train_log.write(json.dumps({"version": v, "published": h["sha256"], "groups": [], "loaded_from": peer}) + "\n")
+        self.publish(h["weight"])
+        log.info("loaded v%d from learner %s", v, peer[-6:])
+        return True
+
     # ---- main loop ---------------------------------------------------------------------------
-    def publish(self) -> str:
-        """Serve the current weights and announce (version, sha256, size) in the DHT."""
-        blob, sha = serialize_weights(self.core.policy.model)
+    def publish(self, weight: int = 0, serialized: tuple[bytes, str] | None = None) -> str:
+        """Serve the current weights and announce (version, sha256, size, weight) in the DHT."""
+        blob, sha = serialized or serialize_weights(self.core.policy.model)
         v = self.core.version
         self.store.add(v, sha, blob)
         with self.lock:
             self.published[v] = sha
             for old in [k for k in self.published if k < v - self.cfg.staleness.max_staleness]:
                 del self.published[old]
-        self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob))
+        self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight)
         self.node.publish_policy(self.latest)
         return sha
+
+    def beat_forever(self, stop: threading.Event) -> None:
+        """Heartbeats from their own thread: a learner waiting in a long gradient round stays visible."""
+        while not stop.wait(self.cfg.swarm.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception as e:  # never let the heartbeat thread die
+                log.warning("heartbeat failed: %s", e)
 
     def heartbeat(self) -> None:
         with self.lock:
@@ -152,6 +257,7 @@ class Learner:
         self.node.announce(new_record("learner", self.cfg.swarm.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput, queue_depth=depth))
         self.node.publish_policy(self.latest)
+        self.others = [r for r in self.node.peers("learner") if r.peer_id != self.node.peer_id]
 
     def _truncate_log(self, version: int) -> None:
         """Forget training-log lines past ``version`` (they belong to a lost future)."""
@@ -173,12 +279,16 @@ class Learner:
         self.node.serve("rollout", self.on_rollout)
         self.node.serve("acks", self.on_acks)
         self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(sw.max_weights_mb * 1e6)))
-        train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
+        self.train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
         if self.core.version not in self.published:
-            train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
+            self.train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
         else:
             self.publish()
         self.heartbeat()  # samplers can start while the base policy is evaluated
+        self.node.serve("state", self.on_state, self.node.transfer_timeout(int(3 * sw.max_weights_mb * 1e6)))
+        n_params = sum(p.numel() for p in self.core.policy.model.parameters())
+        self.rounds = GradientRounds(self.node.dht, key(sw.run_id, "grads"), n_params, target_group_size=sw.round_group_size,
+                                     wait_s=sw.round_wait_s, timeout_s=sw.round_timeout_s)
         if self.base_acc is None:
             self.base_acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
         acc = best = self.base_acc
@@ -186,47 +296,89 @@ class Learner:
                  self.node.short_id, sw.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
         sink = JsonlSink(self.out / "metrics.jsonl")
         bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
-        last_beat = started = time.time()
+        last_check = started = version_since = time.time()
+        threading.Thread(target=self.beat_forever, args=(stop,), name="p2prl-heartbeat", daemon=True).start()
         if self.core.version >= t.steps:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
         while self.core.version < t.steps and not stop.is_set():
-            if time.time() - last_beat > sw.heartbeat_s:
-                self.heartbeat()
-                last_beat = time.time()
+            if self.others and time.time() - last_check > sw.poll_s:  # behind the other learners? load their state
+                last_check = time.time()
+                if self.catch_up():
+                    bar.update(self.core.version - bar.n)
+                    version_since = time.time()
+                    continue
+            share = math.ceil(t.groups_per_step / (1 + len(self.others)))  # towards the swarm-wide batch
             with self.lock:
-                batch = self.buffer.select(t.groups_per_step, self.core.version)
+                batch = self.buffer.select(share, self.core.version)
+                if batch is None and self.others and time.time() - version_since > sw.round_wait_s / 2:
+                    batch = self.buffer.select(min(share, len(self.buffer)), self.core.version)  # join with what is here
                 if batch is None:
                     self.lock.wait(timeout=0.2)
                     continue
             t0 = time.time()
-            m = self.core.step(batch)
-            v = self.core.version
-            with self.lock:
-                for g in batch:
-                    self.states[g.group_id] = "trained"
+            grad, m = self.core.gradient(batch) if batch else (torch.zeros(n_params), {})
+            if sw.slowdown > 1:
+                stop.wait((sw.slowdown - 1) * (time.time() - t0))
+            weight, group = sum(g.group_size for g in batch), 1
+            tags = [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]
+            if self.others:
+                try:
+                    r = self.rounds.average(grad, weight, self.core.version, self.latest.sha256, tags, 1 + len(self.others))
+                    grad, weight, group, tags = r.grad, r.total_weight, r.group_size, r.groups
+                except RoundFailed as e:
+                    with self.lock:
+                        self.counts[f"round/{e.reason}"] += 1
+                    log.log(logging.DEBUG if e.reason == "empty" else logging.INFO,
+                            "gradient round at v%d failed: %s", self.core.version, e)
+                    # partial, mixed or empty rounds are retried; with nobody to average with and nobody ahead,
+                    # step alone (a slow or dead learner never blocks the others)
+                    alone = e.reason == "no_round" and batch and not stop.is_set() and not self.catch_up()
+                    if not alone:
+                        with self.lock:
+                            self.buffer.requeue(batch)
+                        stop.wait(0.2 if e.reason == "empty" else 0)
+                        continue
+            parent = self.latest.sha256
+            with self.step_lock:
+                m.update(self.core.apply(grad))
+            v, version_since = self.core.version, time.time()
+            weights_blob, sha = serialize_weights(self.core.policy.model)
+            # on disk before anyone hears of v: every published version has its training-log line
+            self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": group,
+                                             "samples": weight, "own": len(batch), "groups": tags}) + "\n")
+            with self.lock:  # the whole round's groups: a resent one is then a duplicate here, not trained twice
+                ids = {gid for gid, _, _ in tags}
+                self.buffer.forget_trained(ids)
+                for gid in ids:
+                    self.states[gid] = "trained"
+                self.trained_at[v] = (sorted(ids), batch)
+                for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness]:
+                    del self.trained_at[old]
             if v % t.eval_every == 0 or v == t.steps:
                 acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
                 best = max(best, acc)
                 m["eval/heldout_acc"] = acc
-            sha = self.publish()
-            train_log.write(json.dumps({"version": v, "published": sha, "groups": [
-                [g.group_id, g.policy_version, g.weights_sha256] for g in batch]}) + "\n")
+            self.publish(weight, (weights_blob, sha))
             if v % sw.checkpoint_every == 0 or v == t.steps:
                 self.checkpoint()
             self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - t0)
             with self.lock:
                 m.update({f"admission/{k}": c for k, c in self.counts.items()})
                 m["admission/queue_depth"] = len(self.buffer)
+            m["round/learners"] = group
+            m["round/samples"] = weight
+            m["round/saturated"] = self.rounds.saturated
             m["net/weights_bytes_served"] = self.store.bytes_served
             m["net/weights_uploads"] = self.store.uploads
             m["net/dht_errors"] = self.node.dht_errors
             sink.log(v, m)
-            bar.update(1)
-            bar.set_postfix_str(f"{progress_line(m, acc)} queue {m['admission/queue_depth']}")
+            bar.update(v - bar.n)
+            if batch:
+                bar.set_postfix_str(f"{progress_line(m, acc)} queue {m['admission/queue_depth']} learners {group}")
         bar.close()
         sink.close()
-        train_log.close()
+        self.train_log.close()
         return {"version": self.core.version, "base_acc": self.base_acc, "final_acc": acc, "best_acc": best,
                 "wall_s": time.time() - started, "admission": dict(self.counts),
                 "weights_bytes_served": self.store.bytes_served}
@@ -234,7 +386,11 @@ class Learner:
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
     node = SwarmNode(cfg.swarm, "learner", stop)
+    learner = None
     try:
-        return Learner(cfg, node).run(stop, progress)
+        learner = Learner(cfg, node)
+        return learner.run(stop, progress)
     finally:
+        if learner is not None and learner.rounds is not None:
+            learner.rounds.shutdown()
         node.shutdown()

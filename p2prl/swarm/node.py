@@ -144,10 +144,10 @@ class SwarmNode:
         self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
 
     def latest_policy(self) -> tuple[str, PolicyRecord] | None:
-        """(publisher, record) of the newest published version, or None."""
+        """(publisher, record) of the newest published version (ties: see ``PolicyRecord.rank``), or None."""
         recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
         recs = [(p, r) for p, r in recs if r is not None]
-        return max(recs, key=lambda pr: pr[1].version) if recs else None
+        return max(recs, key=lambda pr: pr[1].rank()) if recs else None
 
     def holders(self, rec: PolicyRecord) -> list[str]:
         """Peers announcing that they hold exactly this version and hash."""

@@ -44,7 +44,8 @@ def pick_learner(learners: list[PeerRecord]) -> str | None:
     """The learner with the shortest expected wait (queue depth over throughput), random on near-ties."""
     if not learners:
         return None
-    score = lambda r: (r.queue_depth + 1) / max(r.throughput, 1e-3)
+    known = max((r.throughput for r in learners), default=0.0) or 1.0
+    score = lambda r: (r.queue_depth + 1) / (r.throughput or known)  # a new learner: assume the fastest speed
     best = min(score(r) for r in learners)
     return random.choice([r.peer_id for r in learners if score(r) <= best * 1.25])
 
@@ -64,6 +65,7 @@ class Sampler:
         self.next_sync = 0
         self.failures: dict[str, tuple[int, float]] = {}  # learner -> (consecutive failures, retry after)
         self.queues: dict[str, int] = {}  # learner -> queue depth it last reported
+        self.ack_log = open(cfg.swarm.ack_log, "a", buffering=1) if cfg.swarm.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord) -> bytes | None:
@@ -172,6 +174,8 @@ class Sampler:
                     if state in DONE_STATES:
                         self.counts[f"acked/{state}"] += 1
                         del self.outbox[gid]
+                        if state == "trained" and self.ack_log:
+                            self.ack_log.write(gid + "\n")
                     elif state == "unknown":
                         self.outbox[gid].learner = None
         for p in [p for p in self.outbox.values() if p.learner is None]:
@@ -215,7 +219,10 @@ class Sampler:
                 self.learners = self.learners or self.node.peers("learner")
                 continue
             t0 = time.time()
-            for g in self.core.rollout(self.core.own_prompt_ids(n)):
+            groups = self.core.rollout(self.core.own_prompt_ids(n))
+            if sw.slowdown > 1:
+                stop.wait((sw.slowdown - 1) * (time.time() - t0))
+            for g in groups:
                 p = self.outbox[g.group_id] = Pending(g, encode_group(g), None)
                 self.deliver(p)
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)

@@ -1,0 +1,142 @@
+"""Several learners of one run on 127.0.0.1, each a real peer in its own process group."""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from swarm_util import Peers, audit, read_jsonl, wait_for
+
+LEARNERS = ["swarm.round_group_size=4", "swarm.round_wait_s=1", "swarm.round_timeout_s=10", "train.groups_per_step=4"]
+
+
+@pytest.fixture
+def peers(tmp_path):
+    p = Peers(tmp_path)
+    yield p
+    p.close()
+
+
+def start_averagers(tmp_path, specs, group_size):
+    """Start one avg_peer.py process per (name, seed, weight, extra args); return once all are ready."""
+    env = dict(os.environ, GROUP=str(group_size), WAIT_S="3")
+    procs, first = [], None
+    for name, seed, weight, *extra in specs:
+        args = [sys.executable, str(Path(__file__).parent / "avg_peer.py"), str(tmp_path), name, str(seed), str(weight),
+                str(N), *([first] if first else []), *extra]
+        procs.append(subprocess.Popen(args, start_new_session=True, env=env))
+        if first is None:
+            first = wait_for(lambda: (tmp_path / f"{name}.maddr").exists() and (tmp_path / f"{name}.maddr").read_text(),
+                             60, "the first averager")
+    wait_for(lambda: all((tmp_path / f"{s[0]}.ready").exists() for s in specs), 90, "every averager to start")
+    (tmp_path / "go").write_text("1")
+    return procs
+
+
+def stop_all(procs):
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+N = 300_001  # not a multiple of the marker block
+
+
+def test_averaged_gradient_is_the_sample_weighted_mean(tmp_path):
+    procs = start_averagers(tmp_path, [("a", 1, 8), ("b", 2, 24)], group_size=2)
+    stop_all(procs)
+    got = {x: np.load(tmp_path / f"{x}.npy") for x in "ab"}
+    g = {s: torch.randn(N, generator=torch.Generator().manual_seed(s)).double() for s in (1, 2)}
+    want = ((8 * g[1] + 24 * g[2]) / 32).float().numpy()
+    assert (tmp_path / "a.group").read_text() == "2 32"
+    assert np.array_equal(got["a"].view(np.uint32), got["b"].view(np.uint32)), "learners got different bits"
+    np.testing.assert_allclose(got["a"], want, rtol=1e-6, atol=2.0**-23)  # fixed point: 2**-24 resolution
+    assert not np.allclose(got["a"], ((g[1] + g[2]) / 2).float().numpy(), atol=1e-3), "weights were ignored"
+
+
+def test_partial_all_reduce_is_never_applied(tmp_path):
+    """A learner dies once the all-reduce has begun: the others must not get a gradient out of that round."""
+    procs = start_averagers(tmp_path, [("a", 1, 8), ("b", 2, 24), ("c", 3, 16, "--die-in-allreduce")], group_size=3)
+    stop_all(procs)
+    assert not (tmp_path / "c.npy").exists()
+    errors = []
+    for x in "ab":
+        assert not (tmp_path / f"{x}.npy").exists(), f"{x} applied a round whose member died mid-way"
+        errors.append((tmp_path / f"{x}.err").read_text())
+    assert set(errors) <= {"partial", "no_round"} and "partial" in errors, errors
+
+
+def published(out: Path) -> dict[int, str]:
+    return {l["version"]: l["published"] for l in read_jsonl(out / "train_log.jsonl")}
+
+
+def last_version(out: Path) -> int:
+    return max(published(out), default=-1)
+
+
+def test_late_learner_loads_state_from_peers_and_ends_identical(peers, tmp_path):
+    maddr = peers.bootstrap()
+    a, b = tmp_path / "a", tmp_path / "b"
+    peers.join("a", "learner", maddr, *LEARNERS, "train.steps=1000", out=a)
+    peers.join("s0", "sampler", maddr, *LEARNERS)
+    peers.join("s1", "sampler", maddr, *LEARNERS)
+    wait_for(lambda: last_version(a) >= 4, 180, "learner a to reach v4 alone")
+    peers.join("b", "learner", maddr, *LEARNERS, "train.steps=1000", out=b)  # empty out dir: nothing on disk
+    def averaged_together():
+        return sum(1 for l in read_jsonl(b / "train_log.jsonl") if l.get("learners") == 2) >= 4
+    wait_for(averaged_together, 180, "b to catch up and average 4 rounds with a")
+    loaded = [l for l in read_jsonl(b / "train_log.jsonl") if "loaded_from" in l]
+    assert loaded and loaded[0]["version"] >= 4, "b did not load a's state"
+    assert peers.stop("a") == 0 and peers.stop("b") == 0
+    pa, pb = published(a), published(b)
+    common = sorted(set(pa) & set(pb))
+    assert len(common) >= 4
+    assert all(pa[v] == pb[v] for v in common), [(v, pa[v][:8], pb[v][:8]) for v in common if pa[v] != pb[v]]
+    # the same round's groups are in both logs, under the same version
+    la = {l["version"]: l["groups"] for l in read_jsonl(a / "train_log.jsonl")}
+    lb = {l["version"]: l["groups"] for l in read_jsonl(b / "train_log.jsonl")}
+    two = [l["version"] for l in read_jsonl(b / "train_log.jsonl") if l.get("learners") == 2]
+    assert all(la[v] == lb[v] for v in two)
+
+
+def rounds_with(out: Path, n: int) -> int:
+    return sum(1 for l in read_jsonl(out / "train_log.jsonl") if l.get("learners") == n)
+
+
+def test_killed_learner_stalls_the_others_boundedly(peers, tmp_path):
+    maddr = peers.bootstrap()
+    outs = {x: tmp_path / x for x in "abc"}
+    for x, out in outs.items():
+        peers.join(x, "learner", maddr, *LEARNERS, "train.steps=1000", out=out)
+    acks = [tmp_path / f"s{i}.acks" for i in range(2)]
+    for i, f in enumerate(acks):
+        peers.join(f"s{i}", "sampler", maddr, *LEARNERS, f"swarm.ack_log={f}")
+    wait_for(lambda: rounds_with(outs["a"], 3) >= 3, 240, "three rounds of all three learners")
+
+    peers.signal("c", signal.SIGKILL)  # mid-run, maybe mid-round
+    v_kill, t_kill = last_version(outs["a"]), time.time()
+    # a dead learner costs each round at most a failed matchmaking (2 x round_wait_s + 1 s) until its
+    # record expires (3 x heartbeat_s): 5 versions must come well within a minute
+    wait_for(lambda: min(last_version(outs[x]) for x in "ab") >= v_kill + 5, 60, "a and b to advance 5 versions")
+    assert time.time() - t_kill < 60
+    wait_for(lambda: rounds_with(outs["a"], 2) >= 2, 60, "a and b to average without c")
+    for x in ("s0", "s1", "a", "b"):
+        assert peers.stop(x) == 0, peers.log(x)
+    chain = audit(list(outs.values()), acks)
+    assert chain[-1]["version"] >= v_kill + 5
+    pa, pb = published(outs["a"]), published(outs["b"])
+    assert all(pa[v] == pb[v] for v in set(pa) & set(pb)), "a and b published different weights for one version"
