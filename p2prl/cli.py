@@ -74,12 +74,15 @@ def _build_parser() -> argparse.ArgumentParser:
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
     up = swsub.add_parser(
-        "up", help="start a bootstrap, samplers and a learner on 127.0.0.1 and train",
-        description="Start a bootstrap, N samplers and one learner as separate processes on 127.0.0.1 "
-        "(loopback-only settings) and train until the learner reaches train.steps. Ctrl-C stops every child. "
-        "Logs of every peer go to <train.out_dir>/logs/.",
+        "up", help="start a bootstrap, samplers and learners on 127.0.0.1 and train",
+        description="Start a bootstrap, N samplers and M learners as separate processes on 127.0.0.1 "
+        "(loopback-only settings) and train until the first learner reaches train.steps. Ctrl-C stops every "
+        "child. Logs of every peer go to <train.out_dir>/logs/; learners write to <train.out_dir>/learner "
+        "(the first) and learner1, learner2, ...",
     )
     up.add_argument("--samplers", type=int, default=2, help="number of sampler processes (default 2)")
+    up.add_argument("--learners", type=int, default=1,
+                    help="number of learner processes (default 1); several average gradients every version")
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_args(up)
@@ -184,8 +187,10 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     from p2prl.swarm.local import swarm_up
 
+    if args.samplers < 1 or args.learners < 1:
+        raise _usage("--samplers and --learners must be at least 1")
     return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
-                    progress=not args.no_progress)
+                    progress=not args.no_progress, n_learners=args.learners)
 
 
 def _usage(msg: str) -> Exception:

@@ -28,3 +28,18 @@ class JsonlSink:
 
     def close(self) -> None:
         self._f.close()
+
+
+def lag_by_sampler(train_log: list[dict]) -> dict[str, dict[int, int]]:
+    """Staleness histogram per sampler from a learner's training log: {sampler id: {lag: groups}}.
+
+    The lag of a group is how many versions its policy was behind the version it was trained
+    into (``version - 1 - policy_version``); a slow sampler shows up as a histogram shifted right.
+    """
+    hist: dict[str, dict[int, int]] = {}
+    for line in train_log:
+        for gid, policy_version, _ in line.get("groups", []):
+            h = hist.setdefault(gid.split("/")[0], {})
+            lag = line["version"] - 1 - policy_version
+            h[lag] = h.get(lag, 0) + 1
+    return {s: dict(sorted(h.items())) for s, h in hist.items()}

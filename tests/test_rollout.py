@@ -120,3 +120,19 @@ def test_admission_window_duplicates_and_selection(tok):
     assert [g.policy_version for g in buf.select(1, 9)] == [5]  # 4 fell out of the window at v9
     assert buf.counts["dropped_stale"] == 1
     assert buf.select(1, 9) is None
+
+
+def test_requeued_groups_come_first_and_trained_elsewhere_are_forgotten(tok):
+    task = AdditionTask()
+    buf = AdmissionBuffer(max_staleness=4)
+    for i, ver in enumerate([5, 6, 7]):
+        buf.add(make_group(tok, task, version=ver, gid=f"g{i}"), 8)
+    taken = buf.select(2, 8)
+    assert [g.group_id for g in taken] == ["g2", "g1"]
+    buf.requeue(taken[:1], first=True)  # a discarded version: retrain before anything newer
+    buf.add(make_group(tok, task, version=8, gid="new"), 8)
+    assert [g.group_id for g in buf.select(2, 8)] == ["g2", "new"]
+    buf.forget_trained({"g0", "other"})  # another learner trained g0 in the same round
+    assert len(buf) == 0 and buf.select(1, 8) is None
+    with pytest.raises(RecordError, match="duplicate"):
+        buf.add(make_group(tok, task, version=8, gid="other"), 8)

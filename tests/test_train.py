@@ -70,3 +70,30 @@ def test_cli_errors_name_the_problem(tmp_path):
     assert r.returncode == 2 and "/p2p/" in r.stderr and "Traceback" not in r.stderr
     r = run("--help")
     assert r.returncode == 0 and all(c in r.stdout for c in ("train", "bootstrap", "join", "status", "swarm"))
+
+
+def test_learner_state_from_a_peer_reproduces_its_next_step_bit_for_bit(tmp_path):
+    from safetensors.torch import save as st_save
+
+    from p2prl.learner import LearnerCore
+    from p2prl.weights import serialize_weights
+
+    cfg = small(tmp_path)
+    a, b = LearnerCore(load_policy("builtin"), cfg), LearnerCore(load_policy("builtin"), cfg)
+    n = sum(p.numel() for p in a.policy.model.parameters())
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    for g in grads[:3]:
+        a.apply(g)
+    weights, opt = serialize_weights(a.policy.model)[0], a.optimizer_blob()
+    before = serialize_weights(b.policy.model)[1]
+    for bad in (st_save({"0.exp_avg": torch.zeros(3)}), st_save({"999.step": torch.zeros(())}),
+                st_save({"0.exp_avg": torch.zeros(1)})):
+        with pytest.raises(ValueError):
+            b.load_state(weights, bad, 3)
+    assert serialize_weights(b.policy.model)[1] == before and b.version == 0, "a refused state changed the learner"
+    b.load_state(weights, opt, a.version)
+    a.apply(grads[3])
+    b.apply(grads[3])
+    assert b.version == a.version == 4
+    assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
+    assert serialize_weights(a.policy.model)[1] == serialize_weights(b.policy.model)[1]

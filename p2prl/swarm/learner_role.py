@@ -39,7 +39,7 @@ from p2prl.checkpoint import save_checkpoint
 from p2prl.config import Config
 from p2prl.evaluate import heldout_accuracy
 from p2prl.learner import progress_line, resume_learner
-from p2prl.metrics import JsonlSink
+from p2prl.metrics import JsonlSink, lag_by_sampler
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
@@ -77,6 +77,7 @@ class Learner:
         self.others: list[PeerRecord] = []  # the run's other live learners
         self.rounds: GradientRounds | None = None
         self.trained_at: dict[int, tuple[list[str], list[RolloutGroup]]] = {}  # version -> (round's ids, own batch)
+        self.tentative: set[int] = set()  # versions stepped alone while other learners were around
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self._truncate_log(self.core.version)
 
@@ -109,9 +110,10 @@ class Learner:
             with self.lock:
                 self.counts[f"rejected/{e.reason}"] += 1
                 n = self.counts[f"rejected/{e.reason}"]
-            # stale data is the staleness rule at work, not misbehaviour; anything else is a warning,
-            # logged for the first few of each reason and then every 100th (a bad peer cannot flood the log)
-            level = logging.DEBUG if e.reason == "stale" else logging.WARNING
+            # stale data is the staleness rule at work and future versions mean this learner is catching up;
+            # anything else is a warning, logged for the first few of each reason and then every 100th
+            # (a bad peer cannot flood the log)
+            level = logging.DEBUG if e.reason in ("stale", "future_version") else logging.WARNING
             if n <= 5 or n % 100 == 0:
                 log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
             return "rejected", e.reason
@@ -211,7 +213,9 @@ class Learner:
         with self.lock:
             # versions where our history differs from the peer's were a lost fork: their groups go back to samplers
             diverged = min([u for u, sha in self.published.items() if h["published"].get(u, sha) != sha] + [v + 1])
+            self.settle(diverged - 1)
             for u in [u for u in self.trained_at if u >= diverged]:
+                self.tentative.discard(u)
                 ids, own = self.trained_at.pop(u)
                 for gid in ids:  # other learners' groups: theirs to redo
                     self.states.pop(gid, None)
@@ -257,14 +261,28 @@ class Learner:
         self.node.announce(new_record("learner", self.cfg.swarm.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput, queue_depth=depth))
         self.node.publish_policy(self.latest)
-        self.others = [r for r in self.node.peers("learner") if r.peer_id != self.node.peer_id]
+        errors = self.node.dht_errors
+        found = [r for r in self.node.peers("learner") if r.peer_id != self.node.peer_id]
+        if self.node.dht_errors == errors:  # a failed look-up says nothing about who is there
+            self.others = found
+
+    def settle(self, confirmed: int) -> None:
+        """Versions up to ``confirmed`` are in the swarm's history: acknowledge their groups as trained.
+
+        A version stepped alone while other learners were around may lose to theirs; its groups
+        stay ``pending`` for their samplers until a round with another learner (which starts from
+        equal weights) or the absence of others confirms it.
+        """
+        for u in sorted(x for x in self.tentative if x <= confirmed):
+            self.tentative.discard(u)
+            for gid in self.trained_at.get(u, ([], []))[0]:
+                self.states[gid] = "trained"
 
     def _truncate_log(self, version: int) -> None:
         """Forget training-log lines past ``version`` (they belong to a lost future)."""
         path = self.out / "train_log.jsonl"
-        if path.exists():
-            lines = [l for l in path.read_text().splitlines() if json.loads(l)["version"] <= version]
-            path.write_text("".join(l + "\n" for l in lines))
+        lines = [l for l in read_train_log(path) if l["version"] <= version]
+        path.write_text("".join(json.dumps(l) + "\n" for l in lines))
 
     def checkpoint(self) -> None:
         with self.lock:
@@ -297,17 +315,22 @@ class Learner:
         sink = JsonlSink(self.out / "metrics.jsonl")
         bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
         last_check = started = version_since = time.time()
+        missed = 0  # rounds at this version that found nobody
         threading.Thread(target=self.beat_forever, args=(stop,), name="p2prl-heartbeat", daemon=True).start()
         if self.core.version >= t.steps:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
         while self.core.version < t.steps and not stop.is_set():
-            if self.others and time.time() - last_check > sw.poll_s:  # behind the other learners? load their state
+            if time.time() - last_check > sw.poll_s:  # behind the other learners? load their state
                 last_check = time.time()
                 if self.catch_up():
                     bar.update(self.core.version - bar.n)
-                    version_since = time.time()
+                    version_since, missed = time.time(), 0
                     continue
+            if len(self.others) >= sw.round_group_size and not self.counts["round/too_many_learners"]:
+                self.counts["round/too_many_learners"] += 1
+                log.warning("%d learners but swarm.round_group_size=%d: rounds will split and the smaller part is "
+                            "redone; raise round_group_size", 1 + len(self.others), sw.round_group_size)
             share = math.ceil(t.groups_per_step / (1 + len(self.others)))  # towards the swarm-wide batch
             with self.lock:
                 batch = self.buffer.select(share, self.core.version)
@@ -331,9 +354,10 @@ class Learner:
                         self.counts[f"round/{e.reason}"] += 1
                     log.log(logging.DEBUG if e.reason == "empty" else logging.INFO,
                             "gradient round at v%d failed: %s", self.core.version, e)
-                    # partial, mixed or empty rounds are retried; with nobody to average with and nobody ahead,
-                    # step alone (a slow or dead learner never blocks the others)
-                    alone = e.reason == "no_round" and batch and not stop.is_set() and not self.catch_up()
+                    # partial, mixed or empty rounds are retried; after two rounds at one version with nobody to
+                    # average with and nobody ahead, step alone (a slow or dead learner never blocks the others)
+                    missed = missed + 1 if e.reason == "no_round" else 0
+                    alone = missed >= 2 and batch and not stop.is_set() and not self.catch_up()
                     if not alone:
                         with self.lock:
                             self.buffer.requeue(batch)
@@ -342,7 +366,7 @@ class Learner:
             parent = self.latest.sha256
             with self.step_lock:
                 m.update(self.core.apply(grad))
-            v, version_since = self.core.version, time.time()
+            v, version_since, missed = self.core.version, time.time(), 0
             weights_blob, sha = serialize_weights(self.core.policy.model)
             # on disk before anyone hears of v: every published version has its training-log line
             self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": group,
@@ -350,10 +374,16 @@ class Learner:
             with self.lock:  # the whole round's groups: a resent one is then a duplicate here, not trained twice
                 ids = {gid for gid, _, _ in tags}
                 self.buffer.forget_trained(ids)
-                for gid in ids:
-                    self.states[gid] = "trained"
                 self.trained_at[v] = (sorted(ids), batch)
-                for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness]:
+                if group == 1 and self.others:
+                    self.tentative.add(v)
+                    for gid in ids:
+                        self.states[gid] = "pending"
+                else:
+                    self.settle(v)
+                    for gid in ids:
+                        self.states[gid] = "trained"
+                for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness and u not in self.tentative]:
                     del self.trained_at[old]
             if v % t.eval_every == 0 or v == t.steps:
                 acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
@@ -379,9 +409,22 @@ class Learner:
         bar.close()
         sink.close()
         self.train_log.close()
+        lags = lag_by_sampler(read_train_log(self.out / "train_log.jsonl"))
         return {"version": self.core.version, "base_acc": self.base_acc, "final_acc": acc, "best_acc": best,
                 "wall_s": time.time() - started, "admission": dict(self.counts),
-                "weights_bytes_served": self.store.bytes_served}
+                "weights_bytes_served": self.store.bytes_served,
+                "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
+
+
+def read_train_log(path: Path) -> list[dict]:
+    """The lines of a training log (a last line cut by a crash is ignored)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:

@@ -1,9 +1,10 @@
-"""``p2prl swarm up``: a bootstrap, N samplers and a learner as separate processes on 127.0.0.1.
+"""``p2prl swarm up``: a bootstrap, N samplers and M learners as separate processes on 127.0.0.1.
 
 Every child runs in its own session (process group) and is stopped by group, so a
 Ctrl-C or a failing learner never leaves peers behind. Samplers' and the bootstrap's
-logs go to ``<out_dir>/logs/``; the learner works in ``<out_dir>/learner/`` (metrics,
-training log, checkpoint) and its progress is shown here.
+logs go to ``<out_dir>/logs/``; the first learner works in ``<out_dir>/learner/`` (metrics,
+training log, checkpoint) and its progress is shown here; further learners use
+``<out_dir>/learner1/``, ... and log to ``logs/learner1.log``, ...
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: st
 
 
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
-             progress: bool = True) -> int:
+             progress: bool = True, n_learners: int = 1) -> int:
     out = Path(cfg.train.out_dir)
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
@@ -72,7 +73,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     logs.mkdir(parents=True, exist_ok=True)
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.swarm.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
-        overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + 1))}"]
+        overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + n_learners))}"]
     swarm = LocalSwarm(logs)
     maddrs_file = logs / "bootstrap.maddrs"
     maddrs_file.unlink(missing_ok=True)
@@ -85,9 +86,12 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         quiet = [] if progress else ["--no-progress"]
         learner = swarm.spawn("learner", ["join", "--role", "learner", *common, *peers, *quiet, *overrides,
                                           f"train.out_dir={out / 'learner'}"], inherit=True)
+        for i in range(1, n_learners):
+            swarm.spawn(f"learner{i}", ["join", "--role", "learner", *common, *peers, "--no-progress", *overrides,
+                                        f"train.out_dir={out / f'learner{i}'}"])
         for i in range(n_samplers):
             swarm.spawn(f"sampler{i}", ["join", "--role", "sampler", *common, *peers, *overrides])
-        print(f"{n_samplers} sampler(s) and a learner started; logs in {logs}", flush=True)
+        print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
         code = learner.wait()
         return code
     except KeyboardInterrupt:

@@ -140,6 +140,11 @@ class Sampler:
         self.failures.pop(target, None)
         if isinstance(reply.get("queue"), int):
             self.queues[target] = reply["queue"]
+        if reply["status"] == "rejected" and reply.get("reason") == "future_version":
+            # that learner is behind the swarm (restarted, catching up): keep the group, try again later
+            self.counts["send/learner_behind"] += 1
+            self.failures[target] = (1, time.time() + backoff(1))
+            return
         if reply["status"] == "rejected":
             self.counts[f"send/rejected/{reply.get('reason')}"] += 1
             level = logging.DEBUG if reply.get("reason") == "stale" else logging.WARNING
