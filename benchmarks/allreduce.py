@@ -465,7 +465,11 @@ def main() -> None:
         "\n\nBit identity (sha256 of each peer's result, compared per round; largest difference of either peer's result "
         "from the float64 mean of the two inputs rounded to float32): " + "; ".join(identity)
         + ". p2prl's resolution is 2^-24 = 6.0e-08 per value, so its results are within 3.0e-08 of the mean by design."
-        "\n\nWhere the time goes (medians): " + "; ".join(dominant) + "."
+        "\n\nWhere the time goes (medians): " + "; ".join(dominant) + ". "
+        "p2prl's encode and decode are CPU and memory work the plain averager does not have (float64 buffers of "
+        "8 x 1025/1024 N bytes allocated and filled on each side of the round), and its averager step moves and reduces "
+        "twice the bytes. Both peers share the same 2 cores here, so the two peers' encodes (and decodes, and the two "
+        "averagers' reductions) run at the same time on them, with other jobs of the shared machine."
         + (f" Matchmaking took {med(mm_all):.2f} s (median, max {max(mm_all):.2f} s) over all counted rounds: with "
            f"target_group_size = 2 the round starts once both joined, well before min_matchmaking_time ({args.wait_s:g} s)."
            if mm_all else "")

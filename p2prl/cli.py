@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
 
@@ -160,16 +161,24 @@ def _cmd_join(args: argparse.Namespace) -> int:
     if args.role == "sampler" and not cfg.swarm.initial_peers:
         raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
                      "(the multiaddrs that `p2prl bootstrap` prints)")
+    if args.role == "learner" and cfg.swarm.client_mode:
+        raise _usage("a learner must accept connections; --client-mode is for samplers")
     if args.role == "learner":
-        if cfg.swarm.client_mode:
-            raise _usage("a learner must accept connections; --client-mode is for samplers")
         from p2prl.swarm.learner_role import run_learner
 
-        summary = run_learner(cfg, stop, progress=not args.no_progress)
+        run = lambda: run_learner(cfg, stop, progress=not args.no_progress)  # noqa: E731
     else:
         from p2prl.swarm.sampler_role import run_sampler
 
-        summary = run_sampler(cfg, stop)
+        run = lambda: run_sampler(cfg, stop)  # noqa: E731
+    try:
+        summary = run()
+    except Exception as e:
+        if not stop.is_set():
+            raise
+        # asked to stop while starting up: the network went away under a half-started peer
+        logging.getLogger("p2prl").info("stopped during start-up (%s)", type(e).__name__)
+        return 0
     print(json.dumps(summary, indent=1), flush=True)
     return 0
 

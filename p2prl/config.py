@@ -100,7 +100,7 @@ class SwarmConfig(_Section):
     keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
     max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
-    outbox_limit: int = Field(256, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
+    outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
     checkpoint_every: int = Field(1, ge=1, description="A swarm learner checkpoints every this many versions.")
     round_group_size: int = Field(16, ge=2, le=64, description="Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or rounds split and the smaller part is redone.")
     round_wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")

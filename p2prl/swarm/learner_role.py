@@ -51,6 +51,9 @@ from p2prl.weights import serialize_weights
 
 log = logging.getLogger("p2prl.learner")
 
+MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
+MAX_STATE_IDS = 1 << 20
+
 
 class Learner:
     def __init__(self, cfg: Config, node: SwarmNode):
@@ -77,7 +80,7 @@ class Learner:
         self.others: list[PeerRecord] = []  # the run's other live learners
         self.rounds: GradientRounds | None = None
         self.trained_at: dict[int, tuple[list[str], list[RolloutGroup]]] = {}  # version -> (round's ids, own batch)
-        self.tentative: set[int] = set()  # versions stepped alone while other learners were around
+        self.tentative: dict[int, float] = {}  # versions stepped alone -> when; not acknowledged yet
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self._truncate_log(self.core.version)
 
@@ -158,8 +161,10 @@ class Learner:
             opt = self.core.optimizer_blob()
             with self.lock:
                 published = {str(k): v for k, v in self.published.items()}
+                # groups of the versions a resend could still be admitted at (the staleness window)
+                trained = sorted({gid for u, (ids, _) in self.trained_at.items() if u not in self.tentative for gid in ids})
             header = {"version": self.core.version, "sha256": sha, "weight": self.latest.weight if self.latest else 0,
-                      "published": published, "weights_len": len(weights)}
+                      "published": published, "trained": trained, "weights_len": len(weights)}
         return header, weights, opt
 
     async def on_state(self, peer: str, reader, writer) -> None:
@@ -174,10 +179,12 @@ class Learner:
         limit = int(3 * self.cfg.swarm.max_weights_mb * 2**20)
         reply = self.node.request(peer, "state", pack({}), max_reply=limit, timeout_s=self.node.transfer_timeout(limit // 3))
         n = int.from_bytes(reply[:4], "big")
-        if n > MAX_CONTROL_BYTES:
+        if n > MAX_STATE_HEADER:
             raise ValueError("state header too large")
         h = unpack_map(reply[4 : 4 + n], {"version": int, "sha256": str, "weight": int, "published": dict,
-                                            "weights_len": int})
+                                            "trained": list, "weights_len": int}, max_items=MAX_STATE_IDS)
+        if not all(isinstance(gid, str) for gid in h["trained"]):
+            raise ValueError("bad trained group ids")
         w_end = 4 + n + h["weights_len"]
         if not 0 < h["weights_len"] <= len(reply) - 4 - n:
             raise ValueError("state weights length out of range")
@@ -215,7 +222,7 @@ class Learner:
             diverged = min([u for u, sha in self.published.items() if h["published"].get(u, sha) != sha] + [v + 1])
             self.settle(diverged - 1)
             for u in [u for u in self.trained_at if u >= diverged]:
-                self.tentative.discard(u)
+                self.tentative.pop(u, None)
                 ids, own = self.trained_at.pop(u)
                 for gid in ids:  # other learners' groups: theirs to redo
                     self.states.pop(gid, None)
@@ -226,6 +233,12 @@ class Learner:
                 self.buffer.requeue(own, first=True)
                 self.counts["sync/groups_requeued"] += len(own)
             self.published = {u: sha for u, sha in h["published"].items() if u >= v - self.cfg.staleness.max_staleness}
+            # groups the swarm trained while we were away: a resend of one is a duplicate here, not new data
+            loaded = set(h["trained"])
+            self.buffer.forget_trained(loaded)
+            for gid in loaded:
+                self.states[gid] = "trained"
+            self.trained_at[v] = (sorted(loaded), [])
             self.counts["sync/loaded"] += 1
         self._truncate_log(diverged - 1)
         self.train_log.write(json.dumps({"version": v, "published": h["sha256"], "groups": [], "loaded_from": peer}) + "\n")
@@ -266,15 +279,17 @@ class Learner:
         if self.node.dht_errors == errors:  # a failed look-up says nothing about who is there
             self.others = found
 
-    def settle(self, confirmed: int) -> None:
-        """Versions up to ``confirmed`` are in the swarm's history: acknowledge their groups as trained.
+    def settle(self, confirmed: int, before: float = float("inf")) -> None:
+        """Acknowledge as trained the groups of versions up to ``confirmed`` stepped before ``before``.
 
-        A version stepped alone while other learners were around may lose to theirs; its groups
-        stay ``pending`` for their samplers until a round with another learner (which starts from
-        equal weights) or the absence of others confirms it.
+        A version a learner stepped alone may lose to another learner's (one it could not see
+        yet, e.g. one restarting from its checkpoint), so its groups stay ``pending`` for their
+        samplers until it is confirmed: by a round with another learner (members start from
+        equal weights, so that confirms the history up to there), or by standing for a record
+        lifetime (``3 x heartbeat_s``) with no higher-ranked record seen by ``catch_up``.
         """
-        for u in sorted(x for x in self.tentative if x <= confirmed):
-            self.tentative.discard(u)
+        for u in sorted(x for x, t in self.tentative.items() if x <= confirmed and t < before):
+            del self.tentative[u]
             for gid in self.trained_at.get(u, ([], []))[0]:
                 self.states[gid] = "trained"
 
@@ -327,6 +342,8 @@ class Learner:
                     bar.update(self.core.version - bar.n)
                     version_since, missed = time.time(), 0
                     continue
+                with self.lock:  # nobody ranks above us: versions stepped alone long enough ago stand
+                    self.settle(self.core.version, before=time.time() - self.node.ttl)
             if len(self.others) >= sw.round_group_size and not self.counts["round/too_many_learners"]:
                 self.counts["round/too_many_learners"] += 1
                 log.warning("%d learners but swarm.round_group_size=%d: rounds will split and the smaller part is "
@@ -375,8 +392,8 @@ class Learner:
                 ids = {gid for gid, _, _ in tags}
                 self.buffer.forget_trained(ids)
                 self.trained_at[v] = (sorted(ids), batch)
-                if group == 1 and self.others:
-                    self.tentative.add(v)
+                if group == 1:
+                    self.tentative[v] = time.time()
                     for gid in ids:
                         self.states[gid] = "pending"
                 else:

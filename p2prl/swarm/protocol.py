@@ -25,10 +25,10 @@ def pack(obj) -> bytes:
     return msgpack.packb(obj, use_bin_type=True)
 
 
-def unpack_map(raw: bytes, required: dict[str, type]) -> dict:
+def unpack_map(raw: bytes, required: dict[str, type], max_items: int = MAX_ACK_IDS) -> dict:
     """Decode a small msgpack map and check the types of ``required`` keys; ValueError otherwise."""
     try:
-        d = msgpack.unpackb(raw, raw=False, max_str_len=4096, max_array_len=MAX_ACK_IDS, max_map_len=MAX_ACK_IDS)
+        d = msgpack.unpackb(raw, raw=False, max_str_len=4096, max_array_len=max_items, max_map_len=max_items)
     except Exception as e:
         raise ValueError(f"not msgpack: {type(e).__name__}") from None
     if not isinstance(d, dict):
