@@ -100,13 +100,12 @@ def last_json(text: str) -> dict:
     return json.loads(text[start + 1 : text.index("\n}", start) + 2])
 
 
-def audit(learner_dirs: list[Path], ack_logs: list[Path]) -> list[dict]:
-    """The training history the last learner to publish descends from, checked against every learner's log.
+def history(learner_dirs: list[Path]) -> list[dict]:
+    """The training history the last learner to publish descends from, oldest first.
 
     Walks back from the newest (version, hash) through each line's ``parent``, taking lines from
-    any learner's log (learners of one round write the same line). Checks: the chain reaches
-    version 0; no group is in two versions of it; every group a sampler was told is trained is
-    in it. Returns the chain, oldest first.
+    any learner's log (learners of one round write the same line). Checks that the chain
+    reaches version 0 and that no group is in two versions of it.
     """
     lines = {}
     for d in learner_dirs:
@@ -125,7 +124,10 @@ def audit(learner_dirs: list[Path], ack_logs: list[Path]) -> list[dict]:
     chain.reverse()
     trained = [gid for l in chain for gid, _, _ in l["groups"]]
     assert len(trained) == len(set(trained)), "a group was trained in two versions"
-    acked = {gid for f in ack_logs if f.exists() for gid in f.read_text().split()}
-    missing = acked - set(trained)
-    assert not missing, f"{len(missing)} groups acknowledged as trained are not in the history, e.g. {sorted(missing)[:3]}"
     return chain
+
+
+def acknowledged_missing(chain: list[dict], ack_logs: list[Path]) -> set[str]:
+    """Groups samplers were told are trained that are not in ``chain``."""
+    acked = {gid for f in ack_logs if f.exists() for gid in f.read_text().split()}
+    return acked - {gid for l in chain for gid, _, _ in l["groups"]}

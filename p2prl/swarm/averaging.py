@@ -51,35 +51,45 @@ def buffer_size(n: int) -> int:
     return math.ceil(n / BLOCK) * (BLOCK + 1)
 
 
-def encode(grad: torch.Tensor, marker: int) -> tuple[torch.Tensor, int]:
-    """(float64 vector to average, number of clamped values) for a flat float32 gradient."""
+def encode(grad: torch.Tensor, marker: int, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
+    """(float64 vector to average, number of clamped values) for a flat float32 gradient.
+
+    Written into ``out`` (``buffer_size`` float64 values, e.g. the averager's own tensor) when given.
+    """
     n = grad.numel()
-    q = torch.round(grad.detach().reshape(-1).double() * 2.0**SCALE_BITS)
-    saturated = int((q.abs() > LIMIT).sum())
-    q.clamp_(-LIMIT, LIMIT)
+    flat = grad.detach().reshape(-1)
+    saturated = int((flat.abs() > LIMIT * 2.0**-SCALE_BITS).sum())
     blocks = math.ceil(n / BLOCK)
-    out = torch.zeros(blocks, BLOCK + 1, dtype=torch.float64)
-    padded = torch.zeros(blocks * BLOCK, dtype=torch.float64)
-    padded[:n] = q
-    out[:, :BLOCK] = padded.view(blocks, BLOCK)
-    out[:, BLOCK] = float(marker)
-    return out.view(-1), saturated
+    if out is None:
+        out = torch.empty(blocks * (BLOCK + 1), dtype=torch.float64)
+    rows = out.view(blocks, BLOCK + 1)
+    body, full = rows[:, :BLOCK], n // BLOCK
+    body[:full].copy_(flat[: full * BLOCK].view(full, BLOCK))  # float32 -> float64 on the way
+    if full < blocks:
+        body[full].zero_()
+        body[full, : n - full * BLOCK].copy_(flat[full * BLOCK :])
+    body.mul_(2.0**SCALE_BITS).round_().clamp_(-LIMIT, LIMIT)
+    rows[:, BLOCK] = float(marker)
+    return out, saturated
 
 
-def decode(buf: torch.Tensor, n: int, total_weight: int, marker_sum: int) -> torch.Tensor:
+def decode(buf: torch.Tensor, n: int, total_weight: int, marker_sum: int, inplace: bool = False) -> torch.Tensor:
     """The sample-weighted mean gradient (float32) from an averaged vector; RoundFailed if partial.
 
     ``total_weight`` is the sum of the group's weights and ``marker_sum`` the sum of weight x
-    marker over the group: every block must carry exactly that sum.
+    marker over the group: every block must carry exactly that sum. ``inplace``: use ``buf``
+    as scratch space instead of a copy.
     """
     if not 0 < total_weight <= MAX_TOTAL_WEIGHT:
         raise RoundFailed("bad_weight", f"total weight {total_weight} outside 1..{MAX_TOTAL_WEIGHT}")
-    sums = torch.round(buf.view(-1, BLOCK + 1) * total_weight)  # exact integer sums
-    bad = int((sums[:, BLOCK] != marker_sum).sum())
+    rows = (buf if inplace else buf.clone()).view(-1, BLOCK + 1)
+    rows.mul_(total_weight).round_()  # exact integer sums
+    bad = int((rows[:, BLOCK] != marker_sum).sum())
     if bad:
-        raise RoundFailed("partial", f"{bad} of {sums.shape[0]} blocks were averaged over another set of learners")
-    mean = sums[:, :BLOCK].reshape(-1)[:n] / total_weight
-    return (mean * 2.0**-SCALE_BITS).float()
+        raise RoundFailed("partial", f"{bad} of {rows.shape[0]} blocks were averaged over another set of learners")
+    body = rows[:, :BLOCK]
+    body.div_(total_weight).mul_(2.0**-SCALE_BITS)
+    return body.reshape(-1)[:n].float()
 
 
 MAX_GROUPS = 4096  # group tags one learner may contribute to a round
@@ -162,10 +172,8 @@ class GradientRounds:
         gets the whole round's tags back, so each can log and acknowledge what the version holds.
         """
         marker = 1 + secrets.randbelow(MARKER_BOUND - 1)
-        buf, saturated = encode(grad, marker)
-        self.saturated += saturated
         with self.averager.get_tensors() as tensors:
-            tensors[0].copy_(buf)
+            self.saturated += encode(grad, marker, out=tensors[0])[1]
         self.averager.set_round(group_bits(version), max(2, min(expected, self.max_group)))
         try:
             gathered = self.averager.step(gather={"version": version, "sha256": sha256, "weight": weight,
@@ -188,9 +196,9 @@ class GradientRounds:
             total, marker_sum = total + w, marker_sum + w * m
         if total == 0:
             raise RoundFailed("empty", "no learner had data")
-        with self.averager.get_tensors() as tensors:
-            result = tensors[0].clone()
-        return Round(decode(result, self.n, total, marker_sum), len(gathered), total, sorted(tags))
+        with self.averager.get_tensors() as tensors:  # overwritten by the next round's encode anyway
+            grad = decode(tensors[0], self.n, total, marker_sum, inplace=True)
+        return Round(grad, len(gathered), total, sorted(tags))
 
     def shutdown(self) -> None:
         try:

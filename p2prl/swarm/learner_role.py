@@ -42,7 +42,7 @@ from p2prl.learner import progress_line, resume_learner
 from p2prl.metrics import JsonlSink, lag_by_sampler
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
+from p2prl.swarm.dht import PolicyRecord, key, new_record
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
 from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.task import AdditionTask
@@ -51,6 +51,7 @@ from p2prl.weights import serialize_weights
 
 log = logging.getLogger("p2prl.learner")
 
+MAX_HELLO_LEARNERS = 64
 MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
 MAX_STATE_IDS = 1 << 20
 
@@ -77,10 +78,17 @@ class Learner:
         self.throughput = 0.0
         self.latest: PolicyRecord | None = None
         self.base_acc = state.get("base_acc")
-        self.others: list[PeerRecord] = []  # the run's other live learners
+        self.others: list[str] = []  # the run's other live learners
+        self.known: dict[str, float] = {}  # learner -> when it last answered (or was first heard of)
+        self.policies: dict[str, PolicyRecord] = {}  # learner -> its latest record, as it told us
         self.rounds: GradientRounds | None = None
         self.trained_at: dict[int, tuple[list[str], list[RolloutGroup]]] = {}  # version -> (round's ids, own batch)
         self.tentative: dict[int, float] = {}  # versions stepped alone -> when; not acknowledged yet
+        for u, ids in state.get("tentative", {}).items():  # part of the checkpointed history, still unconfirmed
+            self.tentative[int(u)] = time.time()
+            self.trained_at[int(u)] = (ids, [])
+            self.states.update({gid: "pending" for gid in ids})
+            self.buffer.seen.update(ids)
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self._truncate_log(self.core.version)
 
@@ -201,10 +209,15 @@ class Learner:
 
     def catch_up(self) -> bool:
         """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded."""
+        with self.lock:
+            candidates = list(self.policies.items())
         latest = self.node.latest_policy()
-        if latest is None or latest[0] == self.node.peer_id or latest[1].rank() <= self.latest.rank():
+        if latest is not None:
+            candidates.append(latest)
+        candidates = [(p, r) for p, r in candidates if p != self.node.peer_id and r.rank() > self.latest.rank()]
+        if not candidates:
             return False
-        peer, rec = latest
+        peer, rec = max(candidates, key=lambda pr: pr[1].rank())
         try:
             h, weights, opt = self.fetch_state(peer)
             if h["version"] < rec.version:
@@ -269,15 +282,47 @@ class Learner:
                 log.warning("heartbeat failed: %s", e)
 
     def heartbeat(self) -> None:
+        """Announce ourselves; find the run's other learners (DHT, then each one asked directly)."""
         with self.lock:
             depth = len(self.buffer)
         self.node.announce(new_record("learner", self.cfg.swarm.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput, queue_depth=depth))
         self.node.publish_policy(self.latest)
-        errors = self.node.dht_errors
-        found = [r for r in self.node.peers("learner") if r.peer_id != self.node.peer_id]
-        if self.node.dht_errors == errors:  # a failed look-up says nothing about who is there
-            self.others = found
+        now, me = time.time(), self.node.peer_id
+        with self.lock:
+            for r in self.node.peers("learner"):
+                if r.peer_id != me:
+                    self.known.setdefault(r.peer_id, now)
+            known = list(self.known)
+        # under churn a DHT look-up can miss some learners for a while, so every learner we ever
+        # heard of is asked directly, and tells us whom it knows
+        for peer in known:
+            try:
+                raw = self.node.request(peer, "hello", pack({}), MAX_CONTROL_BYTES)
+                reply = unpack_map(raw, {"policy": bytes, "learners": list})
+            except Exception:
+                with self.lock:
+                    if now - self.known.get(peer, now) > 2 * self.node.ttl:
+                        self.known.pop(peer, None)
+                        self.policies.pop(peer, None)
+                continue
+            rec = PolicyRecord.decode(reply["policy"])
+            with self.lock:
+                self.known[peer] = now
+                if rec is not None:
+                    self.policies[peer] = rec
+                for q in reply["learners"][:MAX_HELLO_LEARNERS]:
+                    if isinstance(q, str) and 0 < len(q) <= 128 and q != me:
+                        self.known.setdefault(q, now)
+        with self.lock:
+            self.others = [p for p, t in self.known.items() if now - t <= 2 * self.node.ttl]
+
+    async def on_hello(self, peer: str, reader, writer) -> None:
+        """``hello``: another learner asks for our latest record and the learners we know."""
+        await read_frame(reader, MAX_CONTROL_BYTES)
+        with self.lock:
+            known = list(self.known)[:MAX_HELLO_LEARNERS]
+        await write_frame(writer, pack({"policy": self.latest.encode() if self.latest else b"", "learners": known}))
 
     def settle(self, confirmed: int, before: float = float("inf")) -> None:
         """Acknowledge as trained the groups of versions up to ``confirmed`` stepped before ``before``.
@@ -285,8 +330,8 @@ class Learner:
         A version a learner stepped alone may lose to another learner's (one it could not see
         yet, e.g. one restarting from its checkpoint), so its groups stay ``pending`` for their
         samplers until it is confirmed: by a round with another learner (members start from
-        equal weights, so that confirms the history up to there), or by standing for a record
-        lifetime (``3 x heartbeat_s``) with no higher-ranked record seen by ``catch_up``.
+        equal weights, so that confirms the history up to there), or by standing for two record
+        lifetimes (``6 x heartbeat_s``) with no higher-ranked record seen by ``catch_up``.
         """
         for u in sorted(x for x, t in self.tentative.items() if x <= confirmed and t < before):
             del self.tentative[u]
@@ -303,8 +348,10 @@ class Learner:
         with self.lock:
             trained = [g for g, s in self.states.items() if s == "trained"]
             published = {str(k): v for k, v in self.published.items()}
+            tentative = {str(u): self.trained_at.get(u, ([], []))[0] for u in self.tentative}
         save_checkpoint(self.out, self.core.policy, self.core.optimizer, self.core.scheduler, self.cfg, {
-            "version": self.core.version, "trained": trained, "published": published, "base_acc": self.base_acc,
+            "version": self.core.version, "trained": trained, "tentative": tentative, "published": published,
+            "base_acc": self.base_acc,
         })
 
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
@@ -319,6 +366,7 @@ class Learner:
             self.publish()
         self.heartbeat()  # samplers can start while the base policy is evaluated
         self.node.serve("state", self.on_state, self.node.transfer_timeout(int(3 * sw.max_weights_mb * 1e6)))
+        self.node.serve("hello", self.on_hello)
         n_params = sum(p.numel() for p in self.core.policy.model.parameters())
         self.rounds = GradientRounds(self.node.dht, key(sw.run_id, "grads"), n_params, target_group_size=sw.round_group_size,
                                      wait_s=sw.round_wait_s, timeout_s=sw.round_timeout_s)
@@ -343,7 +391,7 @@ class Learner:
                     version_since, missed = time.time(), 0
                     continue
                 with self.lock:  # nobody ranks above us: versions stepped alone long enough ago stand
-                    self.settle(self.core.version, before=time.time() - self.node.ttl)
+                    self.settle(self.core.version, before=time.time() - 2 * self.node.ttl)
             if len(self.others) >= sw.round_group_size and not self.counts["round/too_many_learners"]:
                 self.counts["round/too_many_learners"] += 1
                 log.warning("%d learners but swarm.round_group_size=%d: rounds will split and the smaller part is "
