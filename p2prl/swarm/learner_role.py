@@ -324,14 +324,30 @@ class Learner:
             known = list(self.known)[:MAX_HELLO_LEARNERS]
         await write_frame(writer, pack({"policy": self.latest.encode() if self.latest else b"", "learners": known}))
 
+    def record(self, v: int, tags: list[list], batch: list[RolloutGroup], confirmed: bool) -> None:
+        """Mark the groups of version ``v`` (the whole round's) trained; acknowledge them if ``confirmed``."""
+        with self.lock:
+            ids = {gid for gid, _, _ in tags}
+            self.buffer.forget_trained(ids)  # a resent one is a duplicate here, not trained twice
+            self.trained_at[v] = (sorted(ids), batch)
+            if confirmed:
+                self.settle(v)
+            else:
+                self.tentative[v] = time.time()
+            for gid in ids:
+                self.states[gid] = "trained" if confirmed else "pending"
+            for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness and u not in self.tentative]:
+                del self.trained_at[old]
+
     def settle(self, confirmed: int, before: float = float("inf")) -> None:
         """Acknowledge as trained the groups of versions up to ``confirmed`` stepped before ``before``.
 
-        A version a learner stepped alone may lose to another learner's (one it could not see
-        yet, e.g. one restarting from its checkpoint), so its groups stay ``pending`` for their
-        samplers until it is confirmed: by a round with another learner (members start from
-        equal weights, so that confirms the history up to there), or by standing for two record
-        lifetimes (``6 x heartbeat_s``) with no higher-ranked record seen by ``catch_up``.
+        A version a learner stepped alone while it knew of other learners may lose to theirs, so
+        its groups stay ``pending`` for their samplers until it is confirmed: by a round with
+        another learner (members start from equal weights, so that confirms the history up to
+        there), or by standing for two record lifetimes (``6 x heartbeat_s``) with no
+        higher-ranked record seen by ``catch_up``. A learner that knows of no other is confirmed
+        at once.
         """
         for u in sorted(x for x, t in self.tentative.items() if x <= confirmed and t < before):
             del self.tentative[u]
@@ -436,20 +452,7 @@ class Learner:
             # on disk before anyone hears of v: every published version has its training-log line
             self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": group,
                                              "samples": weight, "own": len(batch), "groups": tags}) + "\n")
-            with self.lock:  # the whole round's groups: a resent one is then a duplicate here, not trained twice
-                ids = {gid for gid, _, _ in tags}
-                self.buffer.forget_trained(ids)
-                self.trained_at[v] = (sorted(ids), batch)
-                if group == 1:
-                    self.tentative[v] = time.time()
-                    for gid in ids:
-                        self.states[gid] = "pending"
-                else:
-                    self.settle(v)
-                    for gid in ids:
-                        self.states[gid] = "trained"
-                for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness and u not in self.tentative]:
-                    del self.trained_at[old]
+            self.record(v, tags, batch, confirmed=group > 1 or not self.known)
             if v % t.eval_every == 0 or v == t.steps:
                 acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
                 best = max(best, acc)
