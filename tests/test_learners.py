@@ -136,8 +136,8 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
 
     peers.signal("c", signal.SIGKILL)  # mid-run, maybe mid-round
     v_kill = last_version(outs["a"])
-    # a dead learner costs each round at most a failed matchmaking (2 x round_wait_s + 1 s) until its
-    # record expires (3 x heartbeat_s): 5 versions must come well within a minute
+    # with two learners left, a dead one costs each version at most one matchmaking window (round_wait_s)
+    # until they forget it (6 x heartbeat_s): 5 versions must come well within a minute
     wait_for(lambda: min(last_version(outs[x]) for x in "ab") >= v_kill + 5, 60, "a and b to advance 5 versions")
     wait_for(lambda: rounds_with(outs["a"], 2) >= 3 and acks[1].exists() and len(acks[1].read_text().split()) >= 4,
              120, "a and b to average without c, and 4 groups of the slow sampler trained")
