@@ -346,8 +346,8 @@ class Learner:
         its groups stay ``pending`` for their samplers until it is confirmed: by a round with
         another learner (members start from equal weights, so that confirms the history up to
         there), or by standing for two record lifetimes (``6 x heartbeat_s``) with no
-        higher-ranked record seen by ``catch_up``. A learner that knows of no other is confirmed
-        at once.
+        higher-ranked record seen by ``catch_up``. A learner that knows of no other (and has
+        been up for that long, so that it would) is confirmed at once.
         """
         for u in sorted(x for x, t in self.tentative.items() if x <= confirmed and t < before):
             del self.tentative[u]
@@ -452,7 +452,9 @@ class Learner:
             # on disk before anyone hears of v: every published version has its training-log line
             self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": group,
                                              "samples": weight, "own": len(batch), "groups": tags}) + "\n")
-            self.record(v, tags, batch, confirmed=group > 1 or not self.known)
+            # alone: confirmed at once only once we have been around long enough to have heard of the others
+            settled_in = time.time() - started > 2 * self.node.ttl
+            self.record(v, tags, batch, confirmed=group > 1 or (not self.known and settled_in))
             if v % t.eval_every == 0 or v == t.steps:
                 acc = heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size)
                 best = max(best, acc)
