@@ -16,7 +16,7 @@ import torch
 from p2prl.metrics import lag_by_sampler
 from swarm_util import Peers, acknowledged_missing, history, read_jsonl, wait_for
 
-LEARNERS = ["swarm.round_group_size=4", "swarm.round_wait_s=1", "swarm.round_timeout_s=10", "train.groups_per_step=4"]
+LEARNERS = ["swarm.round_group_size=4", "swarm.round_wait_s=1", "swarm.round_timeout_s=10"]  # FAST sets the batch
 
 
 @pytest.fixture

@@ -231,7 +231,8 @@ class Learner:
             return False
         v = h["version"]
         with self.lock:
-            # versions where our history differs from the peer's were a lost fork: their groups go back to samplers
+            # versions where our history differs from the peer's were a lost fork: forget other learners'
+            # groups of them (their learners redo them) and retrain ours first
             diverged = min([u for u, sha in self.published.items() if h["published"].get(u, sha) != sha] + [v + 1])
             self.settle(diverged - 1)
             for u in [u for u in self.trained_at if u >= diverged]:
