@@ -2,7 +2,9 @@
 
 * A group is admitted once (deduplicated by ``group_id``) and only if its policy
   version is inside the window ``[version - max_staleness, version]``.
-* Groups that fall out of the window while waiting are dropped, never trained on.
+* Groups that fall out of the window while waiting are dropped, never trained on; except
+  groups requeued ``first`` (retrained after their version was lost to another learner's
+  history: they were admitted and trained once, and their samplers were told so).
 * Selection (HeteroRL): when new data arrived since the last pick, take the newest
   versions first; otherwise take the oldest data still inside the window.
 
@@ -58,13 +60,14 @@ class AdmissionBuffer:
                     self.on_drop(g)
             return out
 
-        self.pending, self.first = keep(self.pending), keep(self.first)
+        self.pending = keep(self.pending)
 
     def requeue(self, groups: list[RolloutGroup], first: bool = False) -> None:
         """Put back groups taken by ``select`` that were not trained after all (a failed round).
 
-        ``first``: the next selections take them before anything else (groups of a discarded
-        version, which their samplers may already have been told were trained).
+        ``first``: the next selections take them before anything else, whatever their age
+        (groups of a discarded version, which their samplers may already have been told were
+        trained: retraining them late beats losing them).
         """
         if first:
             self.first.extend(groups)

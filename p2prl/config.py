@@ -102,6 +102,7 @@ class SwarmConfig(_Section):
     max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
     checkpoint_every: int = Field(1, ge=1, description="A swarm learner checkpoints every this many versions.")
+    history_versions: int = Field(256, ge=1, le=65536, description="Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses to another learner's it can retrain its own groups of the lost versions.")
     round_group_size: int = Field(16, ge=2, le=64, description="Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or rounds split and the smaller part is redone.")
     round_wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")
     round_timeout_s: float = Field(30.0, gt=0.5, le=3600.0, description="Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per round.")

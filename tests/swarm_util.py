@@ -54,12 +54,12 @@ class Peers:
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
-    def bootstrap(self) -> str:
-        f = self.root / "boot.maddrs"
-        p = self.start("bootstrap", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                                     "--identity-path", str(self.root / "boot.id"), "--maddrs-file", str(f)])
-        wait_for(lambda: (f.exists() and f.read_text().strip()) or p.poll() is not None, 60, "the bootstrap")
-        assert p.poll() is None, self.log("bootstrap")
+    def bootstrap(self, name: str = "bootstrap") -> str:
+        f = self.root / f"{name}.maddrs"
+        p = self.start(name, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                              "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
+        wait_for(lambda: (f.exists() and f.read_text().strip()) or p.poll() is not None, 60, f"the bootstrap {name}")
+        assert p.poll() is None, self.log(name)
         return f.read_text().split()[0]
 
     def join(self, name: str, role: str, maddr: str, *overrides: str, out: Path | None = None) -> subprocess.Popen:

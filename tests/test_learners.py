@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from p2prl.metrics import lag_by_sampler
-from swarm_util import Peers, acknowledged_missing, history, read_jsonl, wait_for
+from swarm_util import Peers, acknowledged_missing, history, last_json, read_jsonl, wait_for
 
 LEARNERS = ["swarm.round_group_size=4", "swarm.round_wait_s=1", "swarm.round_timeout_s=10"]  # FAST sets the batch
 
@@ -158,6 +158,42 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     assert median_lag(hist[slow]) >= median_lag(hist[fast]), hist
 
 
+@pytest.mark.slow
+def test_groups_of_a_lost_history_are_retrained(peers, tmp_path):
+    """Learners a and b are cut off from each other (separate bootstraps); each trains alone and
+    acknowledges its groups. b (slower, so behind) is SIGKILLed and restarts in a's swarm: its
+    history loses to a's, and every group its sampler was told was trained is retrained from
+    its files on disk into the history that won, at whatever staleness."""
+    m1, m2 = peers.bootstrap("boot1"), peers.bootstrap("boot2")
+    a, b = tmp_path / "a", tmp_path / "b"
+    acks = [tmp_path / "s0.acks", tmp_path / "s1.acks"]
+    peers.join("a", "learner", m1, *LEARNERS, "train.steps=1000", out=a)
+    peers.join("s0", "sampler", m1, *LEARNERS, f"swarm.ack_log={acks[0]}")
+    b_args = [*LEARNERS, "train.steps=1000", "swarm.slowdown=3", f"swarm.identity_path={tmp_path / 'b.id'}"]
+    peers.join("b", "learner", m2, *b_args, out=b)
+    peers.join("s1", "sampler", m2, *LEARNERS, f"swarm.ack_log={acks[1]}")
+    wait_for(lambda: acks[1].exists() and len(acks[1].read_text().split()) >= 12, 240, "b's sampler to hear 12 trained")
+    assert peers.stop("s1") == 0, peers.log("s1")
+    wait_for(lambda: last_version(a) > last_version(b) + 2, 120, "a to get ahead of b")
+    peers.signal("b", signal.SIGKILL)
+    b_acked = set(acks[1].read_text().split())
+    assert last_version(b) >= 2 and b_acked
+
+    peers.join("b2", "learner", m1, *b_args, out=b)  # same identity and out dir, now in a's swarm
+    def retrained():
+        try:
+            return not acknowledged_missing(history([a, b]), acks)
+        except AssertionError:  # a log line of a round is on disk in one learner's log only, for now
+            return False
+    wait_for(retrained, 180, "b's acknowledged groups to be retrained in a's history")
+    for x in ("s0", "a", "b2"):
+        assert peers.stop(x) == 0, peers.log(x)
+    chain = history([a, b])  # one history, no group twice in it, nothing acknowledged missing
+    assert not acknowledged_missing(chain, acks)
+    assert any("loaded_from" in l for l in read_jsonl(b / "train_log.jsonl")), "b did not load a's state"
+    assert last_json(peers.log("b2"))["admission"]["sync/groups_requeued"] >= len(b_acked)
+
+
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory):
     """About three minutes of random SIGKILLs and restarts of samplers and learners (seeded).
@@ -226,9 +262,6 @@ def test_churn_soak_keeps_one_history_that_improves(soak):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(reason="known gap (docs/architecture.md, 'Acknowledged means in the history'): a learner alone for "
-                   "longer than 6 x heartbeat_s acknowledges its versions; when a learner restarted from a checkpoint "
-                   "with another history rejoins, one side's acknowledged groups are dropped. Needs quorum finality.")
 def test_churn_soak_loses_no_acknowledged_group(soak):
     missing = acknowledged_missing(history(soak["dirs"]), soak["acks"])
     assert not missing, f"{len(missing)} groups acknowledged as trained are not in the history"

@@ -136,3 +136,14 @@ def test_requeued_groups_come_first_and_trained_elsewhere_are_forgotten(tok):
     assert len(buf) == 0 and buf.select(1, 8) is None
     with pytest.raises(RecordError, match="duplicate"):
         buf.add(make_group(tok, task, version=8, gid="other"), 8)
+
+
+def test_requeued_first_groups_outlive_the_window(tok):
+    # groups of a version lost to another learner's history were trained once and acknowledged:
+    # retrained late rather than dropped, while the window still drops ordinary waiting groups
+    task = AdditionTask()
+    buf = AdmissionBuffer(max_staleness=4)
+    buf.add(make_group(tok, task, version=5, gid="waiting"), 5)
+    buf.requeue([make_group(tok, task, version=2, gid="rebased")], first=True)
+    assert [g.group_id for g in buf.select(1, 20)] == ["rebased"]
+    assert buf.counts["dropped_stale"] == 1 and buf.select(1, 20) is None

@@ -24,13 +24,14 @@ import copy
 import hashlib
 import json
 import logging
-import threading
 import math
 import re
+import threading
 import time
 from collections import Counter
 from pathlib import Path
 
+import msgpack
 import torch
 from tqdm import tqdm
 
@@ -40,7 +41,7 @@ from p2prl.config import Config
 from p2prl.evaluate import heldout_accuracy
 from p2prl.learner import progress_line, resume_learner
 from p2prl.metrics import JsonlSink, lag_by_sampler
-from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group
+from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group, encode_group
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PolicyRecord, key, new_record
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
@@ -72,6 +73,8 @@ class Learner:
         self.buffer = AdmissionBuffer(cfg.staleness.max_staleness, on_drop=self._dropped)
         self.states: dict[str, str] = {gid: "trained" for gid in state.get("trained", [])}
         self.buffer.seen.update(self.states)
+        # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
+        self.keep = max(cfg.swarm.history_versions, cfg.staleness.max_staleness)
         self.published: dict[int, str] = {int(v): sha for v, sha in state.get("published", {}).items()}
         self.counts: Counter[str] = self.buffer.counts
         self.store = WeightStore(cfg.swarm.keep_versions, cfg.swarm.max_uploads_per_version)
@@ -91,6 +94,57 @@ class Learner:
             self.buffer.seen.update(ids)
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self._truncate_log(self.core.version)
+        self.own_dir = self.out / "own_groups"
+        self.lost: dict[Path, set[str]] = {}  # files of own groups to retrain -> their ids
+        self._load_own()
+
+    # ---- own groups on disk ------------------------------------------------------------------
+    # ``own_groups/<v>.msgpack``: the groups this learner trained at version v (the last ``keep``
+    # versions); ``own_groups/lost-<v>-<n>.msgpack``: groups of a version lost to another
+    # learner's history (or past the checkpoint at a restart), kept until retrained and checkpointed.
+    def _write_own(self, v: int, batch: list[RolloutGroup]) -> None:
+        if batch:
+            tmp = self.own_dir / f"{v}.tmp"
+            tmp.write_bytes(msgpack.packb([encode_group(g) for g in batch]))
+            tmp.rename(self.own_dir / f"{v}.msgpack")
+
+    def _read_own(self, path: Path) -> list[RolloutGroup]:
+        try:
+            return [decode_group(b, self.limits) for b in msgpack.unpackb(path.read_bytes(), max_bin_len=self.limits.max_bytes)]
+        except Exception as e:  # a damaged file costs its groups, never the learner
+            self.counts["sync/own_file_unreadable"] += 1
+            log.warning("could not read %s: %s", path, e)
+            return []
+
+    def _retrain(self, groups: list[RolloutGroup], path: Path | None) -> None:
+        """Train ``groups`` again, first and whatever their age (caller holds the lock); ``path`` holds them on disk."""
+        groups = [g for g in groups if self.states.get(g.group_id) != "trained"]
+        for g in groups:
+            self.states[g.group_id] = "pending"
+            self.buffer.seen.add(g.group_id)
+        self.buffer.requeue(groups, first=True)
+        self.counts["sync/groups_requeued"] += len(groups)
+        if path is not None:
+            lost = path.with_name(f"lost-{path.stem}-{time.time_ns()}.msgpack") if not path.name.startswith("lost-") else path
+            path.rename(lost)
+            self.lost[lost] = {g.group_id for g in groups}
+
+    def _load_own(self) -> None:
+        """At start: own groups of the remembered versions; those of versions the checkpoint lacks are retrained."""
+        self.own_dir.mkdir(exist_ok=True)
+        for l in read_train_log(self.out / "train_log.jsonl"):
+            if "loaded_from" not in l and l["version"] > self.core.version - self.keep:
+                self.trained_at[l["version"]] = ([gid for gid, _, _ in l["groups"]], [])
+        for f in sorted(self.own_dir.glob("*.msgpack")):
+            u = f.stem.split("-")[1] if f.name.startswith("lost-") else f.stem
+            if not u.isdigit():
+                continue
+            if f.name.startswith("lost-") or int(u) > self.core.version:
+                self._retrain(self._read_own(f), f)
+            elif int(u) in self.trained_at:
+                self.trained_at[int(u)] = (self.trained_at[int(u)][0], self._read_own(f))
+            else:
+                f.unlink()
 
     # ---- network handlers (loop thread) --------------------------------------------------
     def _dropped(self, g: RolloutGroup) -> None:
@@ -230,25 +284,23 @@ class Learner:
             log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
             return False
         v = h["version"]
+        # groups the swarm trained while we were away: a resend of one is a duplicate here, not new data
+        loaded = set(h["trained"])
         with self.lock:
             # versions where our history differs from the peer's were a lost fork: forget other learners'
-            # groups of them (their learners redo them) and retrain ours first
+            # groups of them (their learners redo them) and retrain ours first, unless the peer's history
+            # has them (samplers may have been told they were trained: they must not be lost)
             diverged = min([u for u, sha in self.published.items() if h["published"].get(u, sha) != sha] + [v + 1])
             self.settle(diverged - 1)
-            for u in [u for u in self.trained_at if u >= diverged]:
+            for u in sorted(u for u in self.trained_at if u >= diverged):
                 self.tentative.pop(u, None)
                 ids, own = self.trained_at.pop(u)
-                for gid in ids:  # other learners' groups: theirs to redo
+                for gid in ids:
                     self.states.pop(gid, None)
                     self.buffer.seen.discard(gid)
-                for g in own:  # ours: train them again (samplers may have been told they were trained)
-                    self.states[g.group_id] = "pending"
-                    self.buffer.seen.add(g.group_id)
-                self.buffer.requeue(own, first=True)
-                self.counts["sync/groups_requeued"] += len(own)
-            self.published = {u: sha for u, sha in h["published"].items() if u >= v - self.cfg.staleness.max_staleness}
-            # groups the swarm trained while we were away: a resend of one is a duplicate here, not new data
-            loaded = set(h["trained"])
+                path = self.own_dir / f"{u}.msgpack"
+                self._retrain([g for g in own if g.group_id not in loaded], path if path.exists() else None)
+            self.published = {u: sha for u, sha in h["published"].items() if u > v - self.keep}
             self.buffer.forget_trained(loaded)
             for gid in loaded:
                 self.states[gid] = "trained"
@@ -268,7 +320,7 @@ class Learner:
         self.store.add(v, sha, blob)
         with self.lock:
             self.published[v] = sha
-            for old in [k for k in self.published if k < v - self.cfg.staleness.max_staleness]:
+            for old in [k for k in self.published if k <= v - self.keep]:
                 del self.published[old]
         self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight)
         self.node.publish_policy(self.latest)
@@ -337,8 +389,9 @@ class Learner:
                 self.tentative[v] = time.time()
             for gid in ids:
                 self.states[gid] = "trained" if confirmed else "pending"
-            for old in [u for u in self.trained_at if u < v - self.cfg.staleness.max_staleness and u not in self.tentative]:
+            for old in [u for u in self.trained_at if u <= v - self.keep and u not in self.tentative]:
                 del self.trained_at[old]
+                (self.own_dir / f"{old}.msgpack").unlink(missing_ok=True)
 
     def settle(self, confirmed: int, before: float = float("inf")) -> None:
         """Acknowledge as trained the groups of versions up to ``confirmed`` stepped before ``before``.
@@ -370,6 +423,11 @@ class Learner:
             "version": self.core.version, "trained": trained, "tentative": tentative, "published": published,
             "base_acc": self.base_acc,
         })
+        with self.lock:  # lost groups retrained, and that on disk: their files can go
+            done = [f for f, ids in self.lost.items() if all(self.states.get(gid) == "trained" for gid in ids)]
+            for f in done:
+                del self.lost[f]
+                f.unlink(missing_ok=True)
 
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
         t, sw = self.cfg.train, self.cfg.swarm
@@ -450,9 +508,10 @@ class Learner:
                 m.update(self.core.apply(grad))
             v, version_since, missed = self.core.version, time.time(), 0
             weights_blob, sha = serialize_weights(self.core.policy.model)
-            # on disk before anyone hears of v: every published version has its training-log line
+            # on disk before anyone hears of v: every published version has its training-log line and own groups
             self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": group,
                                              "samples": weight, "own": len(batch), "groups": tags}) + "\n")
+            self._write_own(v, batch)
             # alone: confirmed at once only once we have been around long enough to have heard of the others
             settled_in = time.time() - started > 2 * self.node.ttl
             self.record(v, tags, batch, confirmed=group > 1 or (not self.known and settled_in))
