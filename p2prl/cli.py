@@ -49,6 +49,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="other bootstrap nodes to link with (several bootstraps make one DHT)")
     bs.add_argument("--loopback", action="store_true",
                     help="listen on 127.0.0.1 only, with relay, NAT probing and IPFS off (local swarms, tests)")
+    bs.add_argument("--closed-network", action="store_true",
+                    help="relay, NAT probing and IPFS off, on the given --host-maddrs (emulated networks)")
     bs.add_argument("--maddrs-file", default=None, help="also write the visible multiaddrs to this file, one a line")
 
     jn = sub.add_parser(
@@ -143,6 +145,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     return serve(
         host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs, identity_path=args.identity_path,
         initial_peers=args.initial_peers, loopback=args.loopback, maddrs_file=args.maddrs_file,
+        closed_network=args.closed_network,
     )
 
 

@@ -57,6 +57,21 @@ QUICK_OVERRIDES = (
 )
 COLORS = {"grpo": "tab:blue", "gspo": "tab:orange", "gepo": "tab:green"}
 
+
+@dataclass(frozen=True)
+class Axis:
+    """The quantity a grid varies per algorithm: its key in a cell summary and how tables and plots name it."""
+
+    key: str  # in cell summaries and aggregated rows
+    column: str  # table column title
+    name: str  # in plot titles: "Accuracy vs <name>"
+    label: str  # plot x-axis label
+    short: str  # in sentences: "at <short> <value><unit>"
+    unit: str = ""
+
+
+DELAY_AXIS = Axis("delay", "max delay", "maximum delay", "maximum delay (policy versions)", "delay")
+
 # (key in a cell summary, column title, number format)
 METRICS = (
     ("best_acc", "best acc", ".3f"),
@@ -123,14 +138,14 @@ def write_json_atomic(path: Path, obj) -> None:
     os.replace(tmp, path)
 
 
-def finished_summary(cell_dir: Path, cfg_dump: dict) -> dict | None:
-    """The cell's summary if it finished with this very config, else None."""
+def finished_summary(cell_dir: Path, cfg_dump: dict, fingerprint_fn=fingerprint) -> dict | None:
+    """The cell's summary if it finished with this very config (as ``fingerprint_fn`` sees it), else None."""
     path = cell_dir / "summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    return summary if summary.get("config") == fingerprint(cfg_dump) else None
+    return summary if summary.get("config") == fingerprint_fn(cfg_dump) else None
 
 
 def summarize_metrics(rows: list[dict]) -> dict:
@@ -240,13 +255,13 @@ def run_grid(jobs_todo: list[tuple[Cell, dict]], n_jobs: int, keep_checkpoints: 
 # ----------------------------------------------------------------------------
 
 
-def aggregate(summaries: list[dict], algos, delays) -> list[dict]:
+def aggregate(summaries: list[dict], algos, delays, axis: Axis = DELAY_AXIS) -> list[dict]:
     """One row per (algo, delay): n seeds and mean / std / min / max of every metric over seeds."""
     rows = []
     for algo in algos:
         for delay in sorted(delays):
-            cells = [s for s in summaries if s["algo"] == algo and s["delay"] == delay]
-            row = {"algo": algo, "delay": delay, "seeds": len(cells)}
+            cells = [s for s in summaries if s["algo"] == algo and s[axis.key] == delay]
+            row = {"algo": algo, axis.key: delay, "seeds": len(cells)}
             for key, _, _ in METRICS:
                 vals = [float(c[key]) for c in cells]
                 row[f"{key}_mean"] = statistics.fmean(vals) if vals else math.nan
@@ -257,12 +272,12 @@ def aggregate(summaries: list[dict], algos, delays) -> list[dict]:
     return rows
 
 
-def markdown_table(rows: list[dict]) -> str:
+def markdown_table(rows: list[dict], axis: Axis = DELAY_AXIS) -> str:
     """Mean ± std over seeds per (algo, delay)."""
-    head = ["algo", "max delay", "seeds"] + [title for _, title, _ in METRICS]
+    head = ["algo", axis.column, "seeds"] + [title for _, title, _ in METRICS]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["algo"], str(r["delay"]), str(r["seeds"])]
+        cells = [r["algo"], str(r[axis.key]), str(r["seeds"])]
         for key, _, fmt in METRICS:
             cells.append(f"{r[f'{key}_mean']:{fmt}} ± {r[f'{key}_std']:{fmt}}")
         lines.append("| " + " | ".join(cells) + " |")
@@ -286,9 +301,9 @@ class Target:
     met: bool | None
 
 
-def _lookup(rows: list[dict], algo: str, delay: int, key: str) -> float | None:
+def _lookup(rows: list[dict], algo: str, delay: int, key: str, axis: Axis = DELAY_AXIS) -> float | None:
     for r in rows:
-        if r["algo"] == algo and r["delay"] == delay and r["seeds"]:
+        if r["algo"] == algo and r[axis.key] == delay and r["seeds"]:
             return r[f"{key}_mean"]
     return None
 
@@ -331,14 +346,15 @@ def check_targets(rows: list[dict], delays) -> list[Target]:
     return out
 
 
-def staleness_effect(rows: list[dict], algos, delays) -> list[str]:
-    """Per algorithm: last accuracy online and at the largest delay (does staleness hurt at all?)."""
-    top, lines = max(delays), []
+def staleness_effect(rows: list[dict], algos, delays, axis: Axis = DELAY_AXIS) -> list[str]:
+    """Per algorithm: last accuracy at the smallest and at the largest delay (does staleness hurt at all?)."""
+    low, top, lines = min(delays), max(delays), []
+    at = lambda x: f"at {axis.short} {x}{axis.unit}"  # noqa: E731
     for algo in algos:
-        a0, a_top = _lookup(rows, algo, min(delays), "last_acc"), _lookup(rows, algo, top, "last_acc")
-        b0, b_top = _lookup(rows, algo, min(delays), "best_acc"), _lookup(rows, algo, top, "best_acc")
+        a0, a_top = _lookup(rows, algo, low, "last_acc", axis), _lookup(rows, algo, top, "last_acc", axis)
+        b0, b_top = _lookup(rows, algo, low, "best_acc", axis), _lookup(rows, algo, top, "best_acc", axis)
         if None not in (a0, a_top, b0, b_top):
-            lines.append(f"{algo.upper()}: last acc {a0:.3f} at delay {min(delays)} -> {a_top:.3f} at delay {top} "
+            lines.append(f"{algo.upper()}: last acc {a0:.3f} {at(low)} -> {a_top:.3f} {at(top)} "
                          f"({a_top - a0:+.3f}); best {b0:.3f} -> {b_top:.3f} ({b_top - b0:+.3f})")
     return lines
 
@@ -362,22 +378,22 @@ def _pyplot():
     return plt
 
 
-def plot_accuracy(rows: list[dict], algos, delays, path: Path) -> None:
+def plot_accuracy(rows: list[dict], algos, delays, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Held-out accuracy against maximum delay per algorithm (evenly spaced delays, as in the paper)."""
     plt = _pyplot()
     delays = sorted(delays)
     xs = range(len(delays))
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in algos:
-        rs = [next(r for r in rows if r["algo"] == algo and r["delay"] == d) for d in delays]
+        rs = [next(r for r in rows if r["algo"] == algo and r[axis.key] == d) for d in delays]
         ax.errorbar(xs, [r["last_acc_mean"] for r in rs], yerr=[r["last_acc_std"] for r in rs], color=COLORS.get(algo),
                     marker="o", capsize=3, label=f"{algo.upper()} last")
         ax.plot(xs, [r["best_acc_mean"] for r in rs], color=COLORS.get(algo), ls="--", marker="x", alpha=0.6,
                 label=f"{algo.upper()} best")
     ax.set_xticks(list(xs), [str(d) for d in delays])
-    ax.set_xlabel("maximum delay (policy versions)")
+    ax.set_xlabel(axis.label)
     ax.set_ylabel("held-out accuracy (greedy)")
-    ax.set_title("Accuracy vs maximum delay (mean ± std over seeds)", fontsize=10)
+    ax.set_title(f"Accuracy vs {axis.name} (mean ± std over seeds)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -385,12 +401,12 @@ def plot_accuracy(rows: list[dict], algos, delays, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_curves(summaries: list[dict], algos, delay: int, path: Path) -> None:
+def plot_curves(summaries: list[dict], algos, delay: int, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Held-out accuracy over training at one delay: mean over seeds, min-max band."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in algos:
-        cells = [c for c in summaries if c["algo"] == algo and c["delay"] == delay]
+        cells = [c for c in summaries if c["algo"] == algo and c[axis.key] == delay]
         curves = [{int(s): a for s, a in c["curve"]} for c in cells]
         if not curves:
             continue
@@ -401,7 +417,7 @@ def plot_curves(summaries: list[dict], algos, delay: int, path: Path) -> None:
         ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=COLORS.get(algo), alpha=0.15)
     ax.set_xlabel("learner version")
     ax.set_ylabel("held-out accuracy (greedy)")
-    ax.set_title(f"Training curves at maximum delay {delay} (mean, min-max band)", fontsize=10)
+    ax.set_title(f"Training curves at {axis.name} {delay}{axis.unit} (mean, min-max band)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -409,7 +425,7 @@ def plot_curves(summaries: list[dict], algos, delay: int, path: Path) -> None:
     plt.close(fig)
 
 
-def plot_kl_weight_var(rows: list[dict], algos, delays, path: Path) -> None:
+def plot_kl_weight_var(rows: list[dict], algos, delays, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Mean sampler-learner KL and importance-weight variance against maximum delay (log scale, min-max bars)."""
     plt = _pyplot()
     delays = sorted(delays)
@@ -419,14 +435,14 @@ def plot_kl_weight_var(rows: list[dict], algos, delays, path: Path) -> None:
     for ax, key, title in ((axes[0], "kl", "KL k3 (sampler-learner), mean over steps"),
                            (axes[1], "wvar", "IS weight variance, mean over steps")):
         for algo in algos:
-            rs = [next(r for r in rows if r["algo"] == algo and r["delay"] == d) for d in delays]
+            rs = [next(r for r in rows if r["algo"] == algo and r[axis.key] == d) for d in delays]
             mean = [max(r[f"{key}_mean"], floor) for r in rs]
             lo = [m - max(r[f"{key}_min"], floor) for m, r in zip(mean, rs)]
             hi = [max(r[f"{key}_max"], floor) - m for m, r in zip(mean, rs)]
             ax.errorbar(xs, mean, yerr=[lo, hi], color=COLORS.get(algo), marker="o", capsize=3, label=algo.upper())
         ax.set_yscale("log")
         ax.set_xticks(list(xs), [str(d) for d in delays])
-        ax.set_xlabel("maximum delay (policy versions)")
+        ax.set_xlabel(axis.label)
         ax.set_title(title + "\n(mean over seeds, bars: min-max)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -452,18 +468,29 @@ class Report:
     files: dict[str, Path]
 
 
-def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
-    """Tables (Markdown, CSV per (algo, delay) and per cell), targets and plots under ``out``."""
-    rows = aggregate(summaries, algos, delays)
-    targets = check_targets(rows, delays)
+def write_grid_files(summaries: list[dict], algos, xs, out: Path, axis: Axis,
+                     extra_cols: tuple[str, ...] = ()) -> tuple[list[dict], dict[str, Path]]:
+    """What every grid writes under ``out``: the CSV per (algo, x) and per cell, and the three plots.
+
+    Returns the aggregated rows and the files (``markdown`` is named, not written, here).
+    """
+    rows = aggregate(summaries, algos, xs, axis)
     files = {"table_csv": out / "results.csv", "cells_csv": out / "cells.csv", "markdown": out / "results.md"}
     files.update({k: out / v for k, v in PLOTS.items()})
     write_csv(rows, files["table_csv"])
-    cell_cols = ["cell", "algo", "delay", "seed", "steps", "base_acc", *[k for k, _, _ in METRICS], "wall_s"]
+    cell_cols = ["cell", "algo", axis.key, "seed", "steps", "base_acc", *[k for k, _, _ in METRICS], *extra_cols,
+                 "wall_s"]
     write_csv([{k: s[k] for k in cell_cols} for s in sorted(summaries, key=lambda s: s["cell"])], files["cells_csv"])
-    plot_accuracy(rows, algos, delays, files["accuracy"])
-    plot_curves(summaries, algos, max(delays), files["curves"])
-    plot_kl_weight_var(rows, algos, delays, files["kl"])
+    plot_accuracy(rows, algos, xs, files["accuracy"], axis)
+    plot_curves(summaries, algos, max(xs), files["curves"], axis)
+    plot_kl_weight_var(rows, algos, xs, files["kl"], axis)
+    return rows, files
+
+
+def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
+    """Tables (Markdown, CSV per (algo, delay) and per cell), targets and plots under ``out``."""
+    rows, files = write_grid_files(summaries, algos, delays, out, DELAY_AXIS)
+    targets = check_targets(rows, delays)
     effect = staleness_effect(rows, algos, delays)
     markdown = (
         "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy exact match on held-out problems; "
@@ -522,6 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     lat.add_argument("--no-progress", action="store_true", help="no progress bar")
     lat.add_argument("overrides", nargs="*", metavar="section.key=value",
                      help="dotted config overrides for every cell, e.g. train.steps=60 train.lr=3e-3")
+    from p2prl import netexp
+
+    netexp.add_parser(sub)
     return ap
 
 
@@ -595,7 +625,9 @@ def main(argv: list[str] | None = None) -> int:
     from p2prl.config import ConfigError
 
     try:
-        return {"latency": _cmd_latency}[args.experiment](args)
+        from p2prl import netexp
+
+        return {"latency": _cmd_latency, "network": netexp.cmd_network}[args.experiment](args)
     except ConfigError as e:
         print(f"p2prl experiment {args.experiment}: error: {e}", file=sys.stderr)
         return 2

@@ -60,7 +60,7 @@ async def _status(_dht, node) -> int:
 
 def serve(
     *, host_maddrs: list[str], announce_maddrs: list[str], identity_path: str, initial_peers: list[str],
-    loopback: bool, maddrs_file: str | None, status_period_s: float = STATUS_PERIOD_S,
+    loopback: bool, maddrs_file: str | None, status_period_s: float = STATUS_PERIOD_S, closed_network: bool = False,
 ) -> int:
     setup_logging("bootstrap")
     stop = stop_on_signals()  # before the DHT starts, so a signal during start-up still ends cleanly
@@ -68,7 +68,7 @@ def serve(
     log.info("starting the DHT node%s", f" and linking to {len(initial_peers)} initial peer(s)" if initial_peers else "")
     dht = start_dht(
         initial_peers, STARTUP_TIMEOUT_S, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
-        loopback=loopback, identity_path=identity_path,
+        loopback=loopback, identity_path=identity_path, closed_network=closed_network,
     )
 
     try:

@@ -25,19 +25,24 @@ class BootstrapError(RuntimeError):
 
 def dht_kwargs(
     *, host_maddrs: list[str], announce_maddrs: list[str] = (), loopback: bool = False,
-    identity_path: str = "", client_mode: bool = False,
+    identity_path: str = "", client_mode: bool = False, closed_network: bool = False, rpc_timeout_s: float = 3.0,
 ) -> dict:
-    """Keyword arguments for ``hivemind.DHT``: loopback-only when asked, never IPFS."""
+    """Keyword arguments for ``hivemind.DHT``: loopback-only when asked, never IPFS.
+
+    ``closed_network``: the loopback switches (no relay or NAT probing) on the given addresses,
+    for peers of a closed emulated network that no outside peer can reach.
+    """
     kw: dict = {
         "host_maddrs": [LOOPBACK_MADDR] if loopback else list(host_maddrs),
         "use_ipfs": False,
         "client_mode": client_mode,
+        "wait_timeout": rpc_timeout_s,
     }
     if announce_maddrs:
         kw["announce_maddrs"] = list(announce_maddrs)
     if identity_path:
         kw["identity_path"] = identity_path
-    if loopback:
+    if loopback or closed_network:
         # check_if_identity_free would start a throw-away p2pd with hivemind's defaults (NAT probing)
         kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False, check_if_identity_free=False)
     return kw

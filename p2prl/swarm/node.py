@@ -68,7 +68,8 @@ class SwarmNode:
         self.dht = start_dht(
             cfg.initial_peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
             announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
-            client_mode=cfg.client_mode,
+            client_mode=cfg.client_mode, closed_network=cfg.closed_network,
+            rpc_timeout_s=cfg.dht_rpc_timeout_s,
         )
         self.peer_id = self.dht.peer_id.to_base58()
         self._dht_lock = threading.Lock()
