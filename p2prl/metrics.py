@@ -43,3 +43,14 @@ def lag_by_sampler(train_log: list[dict]) -> dict[str, dict[int, int]]:
             lag = line["version"] - 1 - policy_version
             h[lag] = h.get(lag, 0) + 1
     return {s: dict(sorted(h.items())) for s, h in hist.items()}
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The lines of a JSONL file such as a training log (a last line cut by a crash is ignored)."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return out

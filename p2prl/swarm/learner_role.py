@@ -40,7 +40,7 @@ from p2prl.checkpoint import save_checkpoint
 from p2prl.config import Config
 from p2prl.evaluate import heldout_accuracy
 from p2prl.learner import progress_line, resume_learner
-from p2prl.metrics import JsonlSink, lag_by_sampler
+from p2prl.metrics import JsonlSink, lag_by_sampler, read_jsonl
 from p2prl.rollout import Limits, RecordError, RolloutGroup, decode_group, encode_group
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PolicyRecord, key, new_record
@@ -132,7 +132,7 @@ class Learner:
     def _load_own(self) -> None:
         """At start: own groups of the remembered versions; those of versions the checkpoint lacks are retrained."""
         self.own_dir.mkdir(exist_ok=True)
-        for l in read_train_log(self.out / "train_log.jsonl"):
+        for l in read_jsonl(self.out / "train_log.jsonl"):
             if "loaded_from" not in l and l["version"] > self.core.version - self.keep:
                 self.trained_at[l["version"]] = ([gid for gid, _, _ in l["groups"]], [])
         for f in sorted(self.own_dir.glob("*.msgpack")):
@@ -411,7 +411,7 @@ class Learner:
     def _truncate_log(self, version: int) -> None:
         """Forget training-log lines past ``version`` (they belong to a lost future)."""
         path = self.out / "train_log.jsonl"
-        lines = [l for l in read_train_log(path) if l["version"] <= version]
+        lines = [l for l in read_jsonl(path) if l["version"] <= version]
         path.write_text("".join(json.dumps(l) + "\n" for l in lines))
 
     def checkpoint(self) -> None:
@@ -539,22 +539,11 @@ class Learner:
         bar.close()
         sink.close()
         self.train_log.close()
-        lags = lag_by_sampler(read_train_log(self.out / "train_log.jsonl"))
+        lags = lag_by_sampler(read_jsonl(self.out / "train_log.jsonl"))
         return {"version": self.core.version, "base_acc": self.base_acc, "final_acc": acc, "best_acc": best,
                 "wall_s": time.time() - started, "admission": dict(self.counts),
                 "weights_bytes_served": self.store.bytes_served,
                 "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
-
-
-def read_train_log(path: Path) -> list[dict]:
-    """The lines of a training log (a last line cut by a crash is ignored)."""
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
