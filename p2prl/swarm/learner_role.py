@@ -454,7 +454,9 @@ class Learner:
         bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
         last_check = started = version_since = time.time()
         missed = 0  # rounds at this version that found nobody
-        threading.Thread(target=self.beat_forever, args=(stop,), name="p2prl-heartbeat", daemon=True).start()
+        beats_done = threading.Event()  # set when this loop ends: no heartbeat may outlive the node's DHT
+        beats = threading.Thread(target=self.beat_forever, args=(beats_done,), name="p2prl-heartbeat", daemon=True)
+        beats.start()
         if self.core.version >= t.steps:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
@@ -536,6 +538,8 @@ class Learner:
             bar.update(v - bar.n)
             if batch:
                 bar.set_postfix_str(f"{progress_line(m, acc)} queue {m['admission/queue_depth']} learners {group}")
+        beats_done.set()
+        beats.join(timeout=self.cfg.swarm.rpc_timeout_s)
         bar.close()
         sink.close()
         self.train_log.close()
