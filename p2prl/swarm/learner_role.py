@@ -223,8 +223,8 @@ class Learner:
             opt = self.core.optimizer_blob()
             with self.lock:
                 published = {str(k): v for k, v in self.published.items()}
-                # groups of the versions a resend could still be admitted at (the staleness window)
-                trained = sorted({gid for u, (ids, _) in self.trained_at.items() if u not in self.tentative for gid in ids})
+                # groups of the remembered versions, unconfirmed ones included: the weights sent contain them all
+                trained = sorted({gid for ids, _ in self.trained_at.values() for gid in ids})
             header = {"version": self.core.version, "sha256": sha, "weight": self.latest.weight if self.latest else 0,
                       "published": published, "trained": trained, "weights_len": len(weights)}
         return header, weights, opt
