@@ -118,6 +118,10 @@ def rounds_with(out: Path, n: int) -> int:
     return sum(1 for l in read_jsonl(out / "train_log.jsonl") if l.get("learners") == n)
 
 
+def n_acked(path: Path) -> int:
+    return len(path.read_text().split()) if path.exists() else 0
+
+
 def median_lag(hist: dict[int, int]) -> int:
     lags = sorted(lag for lag, n in hist.items() for _ in range(n))
     return lags[len(lags) // 2]
@@ -132,15 +136,16 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     acks = [tmp_path / f"s{i}.acks" for i in range(2)]
     for i, f in enumerate(acks):
         peers.join(f"s{i}", "sampler", maddr, *LEARNERS, f"swarm.ack_log={f}", *(["swarm.slowdown=5"] if i else []))
-    wait_for(lambda: rounds_with(outs["a"], 3) >= 3, 240, "three rounds of all three learners")
-
-    peers.signal("c", signal.SIGKILL)  # mid-run, maybe mid-round
+    # heterogeneity is compared before the kill: c's unacknowledged groups, resent after it, arrive late
+    # whichever sampler made them
+    wait_for(lambda: rounds_with(outs["a"], 3) >= 3 and n_acked(acks[1]) >= 6, 240,
+             "three rounds of all three learners, and 6 groups of the slow sampler trained")
     v_kill = last_version(outs["a"])
+    peers.signal("c", signal.SIGKILL)  # mid-run, maybe mid-round
     # with two learners left, a dead one costs each version at most one matchmaking window (round_wait_s)
     # until they forget it (6 x heartbeat_s): 5 versions must come well within a minute
     wait_for(lambda: min(last_version(outs[x]) for x in "ab") >= v_kill + 5, 60, "a and b to advance 5 versions")
-    wait_for(lambda: rounds_with(outs["a"], 2) >= 3 and acks[1].exists() and len(acks[1].read_text().split()) >= 4,
-             120, "a and b to average without c, and 4 groups of the slow sampler trained")
+    wait_for(lambda: rounds_with(outs["a"], 2) >= 3, 120, "a and b to average without c")
     for x in ("s0", "s1", "a", "b"):
         assert peers.stop(x) == 0, peers.log(x)
 
@@ -151,9 +156,9 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     slow_learner = [l for l in read_jsonl(outs["b"] / "train_log.jsonl") if l.get("learners", 0) >= 2 and l["own"]]
     assert slow_learner, "the slow learner never contributed to a round"
     fast, slow = (acks[i].read_text().split()[0].split("/")[0] for i in range(2))
-    hist = lag_by_sampler(chain)
+    assert max(max(h) for h in lag_by_sampler(chain).values()) <= 8, "a group older than the staleness window was trained"
+    hist = lag_by_sampler([l for l in chain if l["version"] <= v_kill])
     assert sum(hist[slow].values()) >= 4 and sum(hist[fast].values()) >= 4
-    assert max(max(h) for h in hist.values()) <= 8, "a group older than the staleness window was trained"
     # the slow sampler's groups are older when they arrive (medians: a few groups caught in a catch-up skew means)
     assert median_lag(hist[slow]) >= median_lag(hist[fast]), hist
 
