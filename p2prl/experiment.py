@@ -608,7 +608,11 @@ def _cmd_latency(args: argparse.Namespace) -> int:
     if args.jobs < 1 or (args.seeds is not None and args.seeds < 1) or any(d < 0 for d in args.delays or ()):
         print("p2prl experiment latency: error: --jobs and --seeds must be >= 1, delays >= 0", file=sys.stderr)
         return 2
-    outcome = run_latency(args)
+    return report_outcome(run_latency(args))
+
+
+def report_outcome(outcome) -> int:
+    """Print what a grid run did (cells run, skipped, failed) and its report; the exit code."""
     run = outcome.run
     print(f"ran {run.ran} cells in {run.wall_s:.1f} s, skipped {run.skipped} finished cells, {len(run.failed)} failed")
     if run.failed:

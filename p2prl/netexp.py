@@ -528,11 +528,4 @@ def cmd_network(args: argparse.Namespace) -> int:
         outcome = run_network(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    run = outcome.run
-    print(f"ran {run.ran} cells in {run.wall_s:.1f} s, skipped {run.skipped} finished cells, {len(run.failed)} failed")
-    if run.failed:
-        print("failed cells (rerun to retry them):\n  " + "\n  ".join(run.failed), file=sys.stderr)
-        return 1
-    print("\n" + outcome.report.markdown)
-    print("written: " + ", ".join(str(p) for p in outcome.report.files.values()))
-    return 0
+    return experiment.report_outcome(outcome)
