@@ -25,6 +25,7 @@ class AdmissionBuffer:
         self.on_drop = on_drop
         self.pending: list[RolloutGroup] = []
         self.first: list[RolloutGroup] = []  # requeued to be taken before the selection rule applies
+        self.retrain: set[str] = set()  # ids requeued ``first``: they stay first until trained
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._new_since_pick = False
@@ -67,18 +68,23 @@ class AdmissionBuffer:
 
         ``first``: the next selections take them before anything else, whatever their age
         (groups of a discarded version, which their samplers may already have been told were
-        trained: retraining them late beats losing them).
+        trained: retraining them late beats losing them). Such a group stays first when it is
+        put back again (a failed round), until ``forget_trained`` names it.
         """
         if first:
-            self.first.extend(groups)
-        else:
-            self.pending.extend(groups)
+            self.retrain.update(g.group_id for g in groups)
+        again = [g for g in groups if g.group_id in self.retrain]
+        self.first.extend(again)
+        rest = [g for g in groups if g.group_id not in self.retrain]
+        if rest:
+            self.pending.extend(rest)
             self._new_since_pick = True
 
     def forget_trained(self, ids: set[str]) -> None:
         """Groups trained elsewhere (another learner's share of a round): never admit or select them here."""
         self.pending = [g for g in self.pending if g.group_id not in ids]
         self.first = [g for g in self.first if g.group_id not in ids]
+        self.retrain -= ids
         self.seen.update(ids)
 
     def select(self, n: int, learner_version: int) -> list[RolloutGroup] | None:

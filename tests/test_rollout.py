@@ -145,5 +145,10 @@ def test_requeued_first_groups_outlive_the_window(tok):
     buf = AdmissionBuffer(max_staleness=4)
     buf.add(make_group(tok, task, version=5, gid="waiting"), 5)
     buf.requeue([make_group(tok, task, version=2, gid="rebased")], first=True)
+    taken = buf.select(1, 20)
+    assert [g.group_id for g in taken] == ["rebased"]
+    buf.requeue(taken)  # its round failed: put back, and still first, still outside the window
     assert [g.group_id for g in buf.select(1, 20)] == ["rebased"]
     assert buf.counts["dropped_stale"] == 1 and buf.select(1, 20) is None
+    buf.forget_trained({"rebased"})  # trained at last: an ordinary group again
+    assert not buf.retrain
