@@ -11,7 +11,7 @@ Each peer averages a float32 vector of N values (its own seeded ``randn * 0.01``
   averager process, gathered metadata checked, exact decode); timed from the call to its return;
 * plain: a ``hivemind.DecentralizedAverager`` over one float32 tensor of N values with the same
   settings (target_group_size = min_group_size = 2, min_matchmaking_time = the learner default
-  ``swarm.round_wait_s``, request_timeout, allreduce_timeout = ``swarm.round_timeout_s``,
+  ``rounds.wait_s``, request_timeout, allreduce_timeout = ``rounds.timeout_s``,
   next_chunk_timeout, the same find time-out, no retries); ``averager.step()`` is timed (copying
   the vector in and out is not).
 
@@ -273,16 +273,16 @@ def serve_peer(cmd_fd: int, reply_fd: int, maddr: str, log_path: str, wait_s: fl
 
 # ---- this peer ----------------------------------------------------------------------------------
 def main() -> None:
-    from p2prl.config import SwarmConfig
+    from p2prl.config import RoundsConfig
 
-    defaults = SwarmConfig.model_fields
+    defaults = RoundsConfig.model_fields
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="vector lengths (float32 values)")
     ap.add_argument("--rounds", type=int, default=5, help="counted rounds per size and kind")
-    ap.add_argument("--wait-s", type=float, default=defaults["round_wait_s"].default,
-                    help="min_matchmaking_time (default: swarm.round_wait_s)")
-    ap.add_argument("--timeout-s", type=float, default=defaults["round_timeout_s"].default,
-                    help="allreduce_timeout (default: swarm.round_timeout_s)")
+    ap.add_argument("--wait-s", type=float, default=defaults["wait_s"].default,
+                    help="min_matchmaking_time (default: rounds.wait_s)")
+    ap.add_argument("--timeout-s", type=float, default=defaults["timeout_s"].default,
+                    help="allreduce_timeout (default: rounds.timeout_s)")
     ap.add_argument("--peer", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.peer:
@@ -455,9 +455,9 @@ def main() -> None:
         "plain: `DecentralizedAverager.step()` only), matchmaking included; medians over the rounds that succeeded on "
         "both peers. Two processes, each with its own hivemind DHT and p2pd over 127.0.0.1 (libp2p TCP, encrypted); both "
         "enter each round together (pipe rendezvous after both prepared their input). Settings for both: "
-        f"target_group_size = min_group_size = 2, min_matchmaking_time = {args.wait_s:g} s (`swarm.round_wait_s`), "
+        f"target_group_size = min_group_size = 2, min_matchmaking_time = {args.wait_s:g} s (`rounds.wait_s`), "
         f"request_timeout = {min(args.wait_s / 2, 3.0):g} s, allreduce_timeout = {args.timeout_s:g} s "
-        f"(`swarm.round_timeout_s`), next_chunk_timeout = {max(1.0, args.timeout_s / 4):g} s, find time-out "
+        f"(`rounds.timeout_s`), next_chunk_timeout = {max(1.0, args.timeout_s / 4):g} s, find time-out "
         f"{2 * args.wait_s + 1:g} s, no retries. MB = 10^6 bytes. Load average (1 min) of the shared machine: "
         f"{load_start:.1f} at the start, {load_end:.1f} at the end."
         "\n\nBytes: with 2 peers each peer sends half its vector to the other for reduction and the averaged half back, "
@@ -488,9 +488,9 @@ def main() -> None:
         cmd += ["--sizes", *map(str, args.sizes)]
     if args.rounds != 5:
         cmd += ["--rounds", str(args.rounds)]
-    if args.wait_s != defaults["round_wait_s"].default:
+    if args.wait_s != defaults["wait_s"].default:
         cmd += ["--wait-s", f"{args.wait_s:g}"]
-    if args.timeout_s != defaults["round_timeout_s"].default:
+    if args.timeout_s != defaults["timeout_s"].default:
         cmd += ["--timeout-s", f"{args.timeout_s:g}"]
     write_section("allreduce", "Gradient all-reduce: p2prl's exact rounds vs plain DecentralizedAverager (2 peers, loopback)",
                   " ".join(cmd), body)

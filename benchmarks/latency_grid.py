@@ -21,7 +21,7 @@ from _results import write_section
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2prl import experiment  # noqa: E402
+from p2prl.experiments import latency as experiment  # noqa: E402
 from p2prl.config import load_config  # noqa: E402
 
 CONFIG = "configs/latency.toml"

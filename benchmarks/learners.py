@@ -66,7 +66,7 @@ def main() -> None:
                 return bool(steps) and steps[-1]["time"] - steps[0]["time"] >= a.window
 
             args = ["--config", "configs/default.toml", "--fresh", "--no-progress", "--samplers", "2", "--learners",
-                    str(n), f"train.out_dir={out}", f"swarm.run_id=bench-learners-{i}", "train.steps=100000", *a.overrides]
+                    str(n), f"train.out_dir={out}", f"net.run_id=bench-learners-{i}", "train.steps=100000", *a.overrides]
             run_swarm(args, START_LIMIT_S + a.window, log, until=done)
             r = measure(read_lines(metrics), a.window)
             results[n].append(r)

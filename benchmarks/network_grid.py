@@ -24,7 +24,7 @@ from _results import write_section
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2prl import experiment, netexp  # noqa: E402
+from p2prl.experiments import latency as experiment, network as netexp  # noqa: E402
 from p2prl.config import load_config  # noqa: E402
 
 CONFIG = "configs/network.toml"
@@ -41,18 +41,18 @@ PLOT_TITLES = {
 def setting(ns: argparse.Namespace, overrides: list[str]) -> str:
     """The cells' setting in words, read from the config file and the link options (not typed by hand)."""
     c = load_config(ROOT / CONFIG, overrides)
-    t, s, sw = c.train, c.sampling, c.swarm
+    t, s = c.train, c.sampling
     link = netexp.link_params(ns)
     return (
         f"Setting (`{CONFIG}`{' + ' + ' '.join(overrides) if overrides else ''}): a real swarm per cell, a "
         f"bootstrap, one learner and {link.samplers} samplers (client mode), each a separate process in its own "
-        f"network namespace, joined by the userspace link emulator (`p2prl/linkemu.py`). Bootstrap and learner "
+        f"network namespace, joined by the userspace link emulator (`p2prl/experiments/linkemu.py`). Bootstrap and learner "
         f"RTT {link.base_rtt_ms:g} ms; sampler RTTs log-uniform from {link.min_rtt_ms:g} ms to the cell's "
         f"maximum (an RTT is a peer's round trip to the hub: two peers see the sum of theirs); every link "
         f"{link.rate_mbit:g} Mbit/s each way, {link.queue_kb:g} KiB tail-drop queue. The shipped base policy "
         f"on {c.task.digits}-digit addition; {t.steps} learner steps per cell, {t.groups_per_step} groups of "
         f"G = {s.group_size} per step, lr {t.lr:g}; learner window `staleness.max_staleness` = "
-        f"{c.staleness.max_staleness}, no simulated delay; DHT request timeout {sw.dht_rpc_timeout_s:g} s; "
+        f"{c.staleness.max_staleness}, no simulated delay; DHT request timeout {c.net.dht_rpc_timeout_s:g} s; "
         f"held-out accuracy on {c.task.heldout_size} problems every {t.eval_every} versions. Every peer uses "
         "one torch thread; all of them share the machine's 2 cores, so the learner's speed (and hence the "
         "lag, counted in versions) also depends on CPU contention."

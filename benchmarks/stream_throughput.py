@@ -52,16 +52,16 @@ SIZES = [  # (label, G, T, records per round)
 
 
 def swarm_cfg(initial_peers=()):
-    from p2prl.config import SwarmConfig
+    from p2prl.config import NetConfig
 
-    return SwarmConfig(run_id="bench", loopback=True, initial_peers=list(initial_peers))
+    return NetConfig(run_id="bench", loopback=True, initial_peers=list(initial_peers))
 
 
 # ---- receiver (child process) ------------------------------------------------------------------
 def serve(info_path: str) -> None:
     import threading
 
-    from p2prl.rollout import Limits, decode_group
+    from p2prl.rollout.record import Limits, decode_group
     from p2prl.swarm.node import SwarmNode, read_frame, write_frame
     from p2prl.swarm.protocol import pack
 
@@ -146,7 +146,7 @@ def stop_child(proc: subprocess.Popen) -> None:
 
 # ---- sender ------------------------------------------------------------------------------------
 def make_records(sender: str, G: int, T: int, n: int, seed: int) -> list[bytes]:
-    from p2prl.rollout import RolloutGroup, encode_group
+    from p2prl.rollout.record import RolloutGroup, encode_group
 
     rng = np.random.default_rng(seed)
     out = []
@@ -174,7 +174,7 @@ def main() -> None:
 
     from hivemind.p2p import PeerID
 
-    from p2prl.rollout import decode_group
+    from p2prl.rollout.record import decode_group
     from p2prl.swarm.node import SwarmNode
     from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 

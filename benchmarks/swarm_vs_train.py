@@ -98,7 +98,7 @@ def run_swarm_once(out: Path, samplers: int, overrides: list[str], log_path: Pat
         return first_hit(read_lines(d / "metrics.jsonl"), swarm_base(d)) is not None
 
     args = ["--config", "configs/default.toml", "--fresh", "--no-progress", "--samplers", str(samplers),
-            f"train.out_dir={out}", "swarm.run_id=bench-svt", *overrides]
+            f"train.out_dir={out}", "net.run_id=bench-svt", *overrides]
     code, t0 = run_swarm(args, LIMIT_S, log_path, until=reached)
     d = learner_dir(out)
     r = summarize(f"p2prl swarm up --samplers {samplers}", read_lines(d / "metrics.jsonl"), swarm_base(d), t0,

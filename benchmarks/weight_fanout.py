@@ -97,12 +97,12 @@ def main() -> None:
     a = ap.parse_args()
 
     from p2prl.policy import load_policy
-    from p2prl.weights import serialize_weights
+    from p2prl.policy.weights import serialize_weights
 
     with tempfile.TemporaryDirectory(prefix="p2prl-fanout-") as tmp:
         out = Path(tmp) / "run"
         args = ["--config", "configs/default.toml", "--fresh", "--no-progress", "--samplers", str(a.samplers),
-                f"train.out_dir={out}", f"train.steps={a.steps}", "swarm.run_id=bench-fanout", *a.overrides]
+                f"train.out_dir={out}", f"train.steps={a.steps}", "net.run_id=bench-fanout", *a.overrides]
         code, t0 = run_swarm(args, 280, Path(tmp) / "swarm.log")
         wall = time.time() - t0
         if code != 0:
@@ -117,7 +117,7 @@ def main() -> None:
             loaded.update(int(v) for v in re.findall(r"loaded policy v(\d+) ", text))
         from p2prl.config import load_config
 
-        max_uploads = load_config(ROOT / "configs/default.toml", a.overrides).swarm.max_uploads_per_version
+        max_uploads = load_config(ROOT / "configs/default.toml", a.overrides).flow.max_uploads_per_version
 
     versions = last["step"]  # v0 .. v(step-1) were fetchable before the last line; v(step) had just been published
     served, uploads = last["net/weights_bytes_served"], last["net/weights_uploads"]
@@ -145,10 +145,10 @@ def main() -> None:
         *rows,
     ]) + (
         f"\n\nA real local swarm (`p2prl swarm up`, default config, {a.samplers} samplers, {a.steps} versions, "
-        f"learner `swarm.max_uploads_per_version` = {max_uploads}) on 127.0.0.1. Copies per version = learner bytes "
+        f"learner `flow.max_uploads_per_version` = {max_uploads}) on 127.0.0.1. Copies per version = learner bytes "
         f"served / ({versions} versions x blob size); {tot_l + tot_s} version loads in all by the samplers, "
         f"{100 * tot_l / max(1, tot_l + tot_s):.0f}% of them from the learner. Samplers take up the newest version "
-        "when they poll (every `swarm.poll_s`), so they skip versions the learner publishes faster than that; "
+        "when they poll (every `net.poll_s`), so they skip versions the learner publishes faster than that; "
         "the copies per version therefore measure the learner's upload per version it published; the stricter "
         "\"per loaded version\" column divides by the versions some sampler actually loaded (from their logs). "
         "The blob is the shipped tiny policy's (the default config); uploads of a larger model last longer, "

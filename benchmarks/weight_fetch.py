@@ -5,7 +5,7 @@
 Two processes, each with its own hivemind DHT + p2pd on 127.0.0.1 (loopback-only settings):
 
 * holder (a child process, own session): synthetic models (float32 tensors, 1M parameters each) turned
-  into safetensors bytes + sha256 by ``p2prl.weights.serialize_weights``, kept in a ``WeightStore`` and
+  into safetensors bytes + sha256 by ``p2prl.policy.weights.serialize_weights``, kept in a ``WeightStore`` and
   served by ``weights_handler`` (the learner's handler), plus a raw binary stream handler that writes
   the same bytes (8-byte length, then the blob in 1 MiB writes);
 * fetcher (this process): ``Sampler.fetch`` itself (holder look-up in the DHT, request, reply bounded
@@ -68,7 +68,7 @@ def serve(info_path: str) -> None:
 
     from p2prl.swarm.node import SwarmNode
     from p2prl.swarm.protocol import WeightStore, weights_handler
-    from p2prl.weights import serialize_weights
+    from p2prl.policy.weights import serialize_weights
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -126,7 +126,7 @@ def main() -> None:
 
     from p2prl.swarm.dht import PolicyRecord
     from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.sampler_role import Sampler
+    from p2prl.sampler.loop import Sampler
 
     logging.basicConfig(level=logging.WARNING)
     fetch_log: list[str] = []  # Sampler.fetch reports a failed attempt at INFO
@@ -135,8 +135,8 @@ def main() -> None:
         def emit(self, record):
             fetch_log.append(record.getMessage())
 
-    logging.getLogger("p2prl.sampler").addHandler(Collect(logging.INFO))
-    logging.getLogger("p2prl.sampler").setLevel(logging.INFO)
+    logging.getLogger("p2prl.sampler.core").addHandler(Collect(logging.INFO))
+    logging.getLogger("p2prl.sampler.core").setLevel(logging.INFO)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
     proc = node = None
     rows, ok_all, notes = [], True, []

@@ -98,7 +98,7 @@ def _build_parser() -> argparse.ArgumentParser:
 def _add_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
                    help="multiaddrs of bootstrap peers (full /ip4/.../tcp/.../p2p/<id> form); any reachable one suffices")
-    p.add_argument("--run-id", default=None, help="name of the training run (overrides swarm.run_id)")
+    p.add_argument("--run-id", default=None, help="name of the training run (overrides net.run_id)")
     p.add_argument("--loopback", action="store_true",
                    help="127.0.0.1 only, relay / NAT probing / IPFS off (local swarms and tests)")
 
@@ -116,13 +116,13 @@ def _load_config(args: argparse.Namespace):
     cfg = load_config(getattr(args, "config", None), overrides)
     flags = {
         ("algo", "name"): getattr(args, "algo", None),
-        ("swarm", "run_id"): getattr(args, "run_id", None),
-        ("swarm", "initial_peers"): getattr(args, "initial_peers", None),
-        ("swarm", "loopback"): getattr(args, "loopback", None) or None,
-        ("swarm", "client_mode"): getattr(args, "client_mode", None) or None,
-        ("swarm", "host_maddrs"): getattr(args, "host_maddrs", None),
-        ("swarm", "announce_maddrs"): getattr(args, "announce_maddrs", None),
-        ("swarm", "identity_path"): getattr(args, "identity_path", None),
+        ("net", "run_id"): getattr(args, "run_id", None),
+        ("net", "initial_peers"): getattr(args, "initial_peers", None),
+        ("net", "loopback"): getattr(args, "loopback", None) or None,
+        ("net", "client_mode"): getattr(args, "client_mode", None) or None,
+        ("net", "host_maddrs"): getattr(args, "host_maddrs", None),
+        ("net", "announce_maddrs"): getattr(args, "announce_maddrs", None),
+        ("net", "identity_path"): getattr(args, "identity_path", None),
     }
     for (section, field), value in flags.items():
         if value is not None:
@@ -161,17 +161,17 @@ def _cmd_join(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    if args.role == "sampler" and not cfg.swarm.initial_peers:
+    if args.role == "sampler" and not cfg.net.initial_peers:
         raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
                      "(the multiaddrs that `p2prl bootstrap` prints)")
-    if args.role == "learner" and cfg.swarm.client_mode:
+    if args.role == "learner" and cfg.net.client_mode:
         raise _usage("a learner must accept connections; --client-mode is for samplers")
     if args.role == "learner":
-        from p2prl.swarm.learner_role import run_learner
+        from p2prl.learner.loop import run_learner
 
         run = lambda: run_learner(cfg, stop, progress=not args.no_progress)  # noqa: E731
     else:
-        from p2prl.swarm.sampler_role import run_sampler
+        from p2prl.sampler.loop import run_sampler
 
         run = lambda: run_sampler(cfg, stop)  # noqa: E731
     try:
@@ -188,7 +188,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
 
 def _cmd_status(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
-    if not cfg.swarm.initial_peers:
+    if not cfg.net.initial_peers:
         raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
     from p2prl.swarm.status import show_status
 
@@ -197,7 +197,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 def _cmd_swarm(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
-    from p2prl.swarm.local import swarm_up
+    from p2prl.launch.local import swarm_up
 
     if args.samplers < 1 or args.learners < 1:
         raise _usage("--samplers and --learners must be at least 1")
@@ -214,11 +214,11 @@ def _usage(msg: str) -> Exception:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["experiment"]:  # its own parser, options included (argparse would claim --help)
-        from p2prl.experiment import main as experiment_main
+        from p2prl.experiments.latency import main as experiment_main
 
         return experiment_main(argv[1:])
     args = _build_parser().parse_args(argv)
-    from p2prl.checkpoint import CheckpointError
+    from p2prl.learner.checkpoint import CheckpointError
     from p2prl.config import ConfigError
     from p2prl.policy.model import PolicyLoadError
     from p2prl.swarm.dht import BootstrapError

@@ -23,9 +23,24 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
+    name: str = Field("addition", min_length=1, max_length=200, pattern=r"^(addition|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+                      description="The task: 'addition' (built in), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
     digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition task.")
     seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
     heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of problems (by a hash of their id) kept out of training for evaluation.")
+    path: str = Field("", description="math: a local JSONL or Parquet file of problems.")
+    question_field: str = Field("question", min_length=1, description="math: the field holding the problem text.")
+    answer_field: str = Field("answer", min_length=1, description="math: the field holding the reference answer.")
+    id_field: str = Field("", description="math: a field holding a stable problem id (default: the row's text); the held-out split hashes it.")
+    chat_template: Literal["auto", "always", "never"] = Field(
+        "auto", description="math: render prompts with the tokenizer's chat template: when it has one (auto), required (always) or never."
+    )
+    system_prompt: str = Field(
+        "Please reason step by step, and put your final answer within \\boxed{}.",
+        description="math: system message of the chat template (empty = none).",
+    )
+    reward_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="math: a completion whose answer takes longer than this to check scores 0.")
 
 
 class SamplingConfig(_Section):
@@ -63,7 +78,9 @@ class TrainConfig(_Section):
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
     seed: int = Field(0, ge=0, description="Seed of sampling, prompt order and initialisation.")
     eval_every: int = Field(10, ge=1, description="Evaluate held-out accuracy every this many versions.")
-    checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many versions.")
+    checkpoint_every: int | None = Field(
+        None, ge=1, description="Write a checkpoint every this many versions (default: 50 for `p2prl train`, every version for a swarm learner)."
+    )
     out_dir: str = Field("runs/default", description="Where metrics.jsonl and checkpoint/ are written.")
     threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = torch's default).")
 
@@ -82,7 +99,9 @@ class StalenessConfig(_Section):
     lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
 
 
-class SwarmConfig(_Section):
+class NetConfig(_Section):
+    """How this peer finds and talks to the swarm: identity, addresses, timeouts."""
+
     run_id: str = Field("p2prl-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
                         description="Name of the training run; DHT keys and records are namespaced by it.")
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs; any reachable one suffices.")
@@ -97,19 +116,33 @@ class SwarmConfig(_Section):
     rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0, description="Timeout of one stream exchange with a peer.")
     bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
+
+
+class FlowConfig(_Section):
+    """What moves between peers and how much of it: record and weight sizes, queues, uploads."""
+
     max_record_mb: float = Field(16.0, gt=0.0, le=4096.0, description="Largest rollout record a learner accepts.")
     max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0, description="Largest weight file a sampler accepts.")
     keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
     max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
-    checkpoint_every: int = Field(1, ge=1, description="A swarm learner checkpoints every this many versions.")
+
+
+class RoundsConfig(_Section):
+    """Gradient rounds between the learners of one run, and the history each keeps."""
+
+    group_size: int = Field(16, ge=2, le=64, description="Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or rounds split and the smaller part is redone.")
+    wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")
+    timeout_s: float = Field(30.0, gt=0.5, le=3600.0, description="Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per round.")
     history_versions: int = Field(256, ge=1, le=65536, description="Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses to another learner's it can retrain its own groups of the lost versions.")
-    round_group_size: int = Field(16, ge=2, le=64, description="Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or rounds split and the smaller part is redone.")
-    round_wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")
-    round_timeout_s: float = Field(30.0, gt=0.5, le=3600.0, description="Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per round.")
-    ack_log: str = Field("", description="A sampler appends the ids of its groups acknowledged as trained to this file (audits).")
+
+
+class TestingConfig(_Section):
+    """Knobs for tests, benchmarks and experiments; leave them alone in real runs."""
+
     slowdown: float = Field(1.0, ge=1.0, le=1000.0, description="Make this peer N times slower (sleep after each generation / gradient): simulates a weaker machine in tests and benchmarks.")
+    ack_log: str = Field("", description="A sampler appends the ids of its groups acknowledged as trained to this file (audits).")
 
 
 class Config(_Section):
@@ -119,7 +152,10 @@ class Config(_Section):
     algo: AlgoConfig = AlgoConfig()
     train: TrainConfig = TrainConfig()
     staleness: StalenessConfig = StalenessConfig()
-    swarm: SwarmConfig = SwarmConfig()
+    net: NetConfig = NetConfig()
+    flow: FlowConfig = FlowConfig()
+    rounds: RoundsConfig = RoundsConfig()
+    testing: TestingConfig = TestingConfig()
 
     def run_identity(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed."""

@@ -18,19 +18,19 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from p2prl.admission import AdmissionBuffer
-from p2prl.checkpoint import save_checkpoint
+from p2prl.rollout.admission import AdmissionBuffer
+from p2prl.learner.checkpoint import save_checkpoint
 from p2prl.config import Config
-from p2prl.delay import SyncDelay
-from p2prl.evaluate import heldout_accuracy
-from p2prl.learner import progress_line, resume_learner
+from p2prl.rollout.delay import SyncDelay
+from p2prl.learner.evaluate import heldout_accuracy
+from p2prl.learner.core import progress_line, resume_learner
 from p2prl.metrics import JsonlSink
 from p2prl.policy import load_policy
-from p2prl.rollout import RecordError, decode_group, encode_group
-from p2prl.sampler import SamplerCore
-from p2prl.task import AdditionTask
-from p2prl.verify import Verifier
-from p2prl.weights import serialize_weights
+from p2prl.rollout.record import RecordError, decode_group, encode_group
+from p2prl.sampler.core import SamplerCore
+from p2prl.tasks import make_task
+from p2prl.rollout.verify import Verifier
+from p2prl.policy.weights import serialize_weights
 
 RUN_ID = "local"
 
@@ -45,7 +45,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         (out / "metrics.jsonl").unlink(missing_ok=True)
     torch.manual_seed(t.seed)
 
-    task = AdditionTask(digits=cfg.task.digits, seed=cfg.task.seed)
+    task = make_task(cfg.task)
     learner, state = resume_learner(cfg, out)
     sampler = SamplerCore(load_policy(out / "checkpoint" if state else cfg.model.path), task, cfg, RUN_ID,
                           peer_id="sampler0")
@@ -61,7 +61,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
 
     base_acc = state.get("base_acc")
     if base_acc is None:
-        base_acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size)
+        base_acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
         sink.log(learner.version, {"eval/heldout_acc": base_acc})
     acc, best = state.get("last_acc", base_acc), state.get("best_acc", base_acc)
     started = time.time()
@@ -87,7 +87,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         m = learner.step(batch)
         v = learner.version
         if v % t.eval_every == 0 or v == t.steps:
-            acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size)
+            acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
             best = max(best, acc)
             m["eval/heldout_acc"] = acc
         m.update({f"admission/{k}": c for k, c in buffer.counts.items()})
@@ -95,7 +95,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         sink.log(v, m)
         bar.update(1)
         bar.set_postfix_str(progress_line(m, acc))
-        if v % t.checkpoint_every == 0 or v == t.steps:
+        if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
             save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
                 "version": v, "cursor": cursor, "groups_made": sampler.groups_made,
                 "base_acc": base_acc, "last_acc": acc, "best_acc": best,

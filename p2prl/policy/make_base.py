@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from p2prl.policy.model import BUILTIN_MODEL
-from p2prl.task import AdditionTask
+from p2prl.tasks.addition import AdditionTask
 
 CHARS = list("0123456789+-*= ")
 SPECIALS = ["<pad>", "<eos>", "<unk>"]

@@ -62,6 +62,18 @@ def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> Policy:
     return Policy(model=model, tokenizer=tokenizer)
 
 
+def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id lists as a left-padded batch: (ids, attention mask), both (N, P) long."""
+    P = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), P), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), P), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        if p:
+            ids[i, P - len(p) :] = torch.tensor(p, dtype=torch.long)
+            mask[i, P - len(p) :] = 1
+    return ids, mask
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Awaitable, Callable
 
-from p2prl.config import SwarmConfig
+from p2prl.config import NetConfig
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, shutdown_dht, start_dht
 
 log = logging.getLogger("p2prl.node")
@@ -61,7 +61,7 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
 
 
 class SwarmNode:
-    def __init__(self, cfg: SwarmConfig, role: str, stop: threading.Event | None = None):
+    def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None):
         """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
@@ -175,7 +175,7 @@ class SwarmNode:
     def serve(self, name: str, handler: Handler, timeout_s: float | None = None) -> None:
         """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
 
-        One exchange may last ``timeout_s`` (default ``swarm.rpc_timeout_s``). A failing
+        One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
         handler is logged with the remote peer; it never stops the node.
         """
 

@@ -10,8 +10,8 @@ from p2prl.swarm.node import SwarmNode
 
 
 def show_status(cfg: Config, as_json: bool = False) -> int:
-    cfg.swarm.client_mode = True
-    node = SwarmNode(cfg.swarm, "status")
+    cfg.net.client_mode = True
+    node = SwarmNode(cfg.net, "status")
     try:
         peers = node.peers()
         latest = node.latest_policy()
@@ -29,16 +29,16 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
     if as_json:
-        print(json.dumps({"run_id": cfg.swarm.run_id, "policy_version": version, "peers": rows}, indent=1))
+        print(json.dumps({"run_id": cfg.net.run_id, "policy_version": version, "peers": rows}, indent=1))
         return 0
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"run {cfg.swarm.run_id!r}: policy version {version if version is not None else '-'}")
+    table = Table(title=f"run {cfg.net.run_id!r}: policy version {version if version is not None else '-'}")
     for col in ("role", "peer", "version", "lag", "groups/s", "queue", "last seen"):
         table.add_column(col, justify="left" if col in ("role", "peer") else "right")
     for r in rows:
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
                       f"{r['throughput']:.2f}", str(r["queue_depth"]), f"{r['last_seen_s']:.0f} s ago")
-    Console().print(table if rows else f"no live peers in run {cfg.swarm.run_id!r}")
+    Console().print(table if rows else f"no live peers in run {cfg.net.run_id!r}")
     return 0

@@ -1,0 +1,155 @@
+"""The learner's update: rollout groups in, one optimizer step out.
+
+Shared by ``p2prl train`` and swarm learners. Rewards used here are the ones the
+verifier recomputed, never a sampler's claim.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+
+from p2prl.algo import LOSSES, group_advantages
+from p2prl.learner.checkpoint import load_optimizer, read_state
+from p2prl.config import Config
+from p2prl.policy import Policy, load_policy, sequence_logprobs
+from p2prl.rollout.record import RolloutGroup
+from p2prl.policy.weights import load_weights
+
+
+def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
+    """Stack groups into left-padded prompts and right-padded completions, rows grouped by G."""
+    rows = [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]]) for g in groups for i in range(g.group_size)]
+    B, P, T = len(rows), max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
+    prompt = torch.full((B, P), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros((B, P), dtype=torch.long)
+    comp = torch.full((B, T), pad_id, dtype=torch.long)
+    logq = torch.zeros((B, T))
+    mask = torch.zeros((B, T))
+    for i, (p, c, q) in enumerate(rows):
+        prompt[i, P - len(p) :] = torch.from_numpy(p.astype(np.int64))
+        prompt_mask[i, P - len(p) :] = 1
+        comp[i, : len(c)] = torch.from_numpy(c.astype(np.int64))
+        logq[i, : len(q)] = torch.from_numpy(q)
+        mask[i, : len(c)] = 1.0
+    rewards = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
+    return {"prompt": prompt, "prompt_mask": prompt_mask, "completion": comp, "logq": logq, "mask": mask, "rewards": rewards}
+
+
+class LearnerCore:
+    """Owns the trainable policy, its optimizer and the policy version."""
+
+    def __init__(self, policy: Policy, cfg: Config):
+        self.policy, self.cfg = policy, cfg
+        self.version = 0
+        t = cfg.train
+        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        warmup = max(1, round(t.warmup_frac * t.steps))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        policy.model.train()
+
+    def loss(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
+        a, s = self.cfg.algo, self.cfg.sampling
+        batch = collate(groups, self.policy.pad_id)
+        G = groups[0].group_size
+        logp = sequence_logprobs(
+            self.policy.model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature
+        )  # (B, T)
+        adv = group_advantages(batch["rewards"], G, a.std_scaling)  # (B,)
+        args = (logp, batch["logq"], batch["mask"], adv)
+        if a.name == "gepo":
+            loss, m = LOSSES["gepo"](*args, group_size=G, eps=a.eps, scope=a.scope, beta_kl=a.beta_kl)
+        elif a.name == "gspo":
+            loss, m = LOSSES["gspo"](*args, eps_low=a.gspo_eps_low, eps_high=a.gspo_eps_high)
+        else:
+            loss, m = LOSSES["grpo"](*args, eps=a.eps)
+        m = {f"loss/{k}": v for k, v in m.items()}
+        m["rollout/reward"] = float(batch["rewards"].mean())
+        m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
+        m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
+        return loss, m
+
+    def gradient(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
+        """The flat mean gradient of the loss on ``groups`` (parameters in ``model.parameters()`` order)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        loss, metrics = self.loss(groups)
+        loss.backward()
+        params = list(self.policy.model.parameters())
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        self.optimizer.zero_grad(set_to_none=True)
+        return flat, metrics
+
+    def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
+        """Clip ``flat_grad``, take one optimizer step with it; advances the policy version."""
+        offset = 0
+        for p in self.policy.model.parameters():
+            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).clone()
+            offset += p.numel()
+        metrics = {"loss/grad_norm": float(
+            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.train.max_grad_norm)
+        )}
+        self.optimizer.step()
+        self.scheduler.step()
+        self.version += 1
+        metrics["policy/version"] = self.version
+        metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        return metrics
+
+    def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
+        """One optimizer step on ``groups``; advances the policy version."""
+        grad, metrics = self.gradient(groups)
+        return {**metrics, **self.apply(grad)}
+
+    # ---- state shared between learners (weights + optimizer), typed: safetensors + ints ----------
+    def optimizer_blob(self) -> bytes:
+        """The AdamW state as safetensors bytes (``<param index>.<name>``)."""
+        tensors = {}
+        for i, p in enumerate(self.policy.model.parameters()):
+            for name, t in self.optimizer.state.get(p, {}).items():
+                tensors[f"{i}.{name}"] = t.detach().contiguous().cpu()
+        return st_save(tensors)
+
+    def load_state(self, weights: bytes, optimizer: bytes, version: int) -> None:
+        """Load a peer's weights (safetensors) and ``optimizer_blob`` bytes at ``version``; validated first."""
+        got = st_load(optimizer)
+        params = list(self.policy.model.parameters())
+        state: dict = {}
+        for k, t in got.items():
+            idx, _, name = k.partition(".")
+            if not idx.isdigit() or int(idx) >= len(params) or name not in ("step", "exp_avg", "exp_avg_sq"):
+                raise ValueError(f"unexpected optimizer tensor {k!r}")
+            p = params[int(idx)]
+            if (name == "step" and t.numel() != 1) or (name != "step" and t.shape != p.shape):
+                raise ValueError(f"optimizer tensor {k!r} has shape {tuple(t.shape)}")
+            state.setdefault(p, {})[name] = t.float().reshape(()) if name == "step" else t.to(p.dtype)
+        if any(len(v) != 3 for v in state.values()):
+            raise ValueError("incomplete optimizer state")
+        load_weights(self.policy.model, weights)  # validates every tensor before loading any
+        self.optimizer.state.clear()
+        self.optimizer.state.update(state)
+        self.version = version
+        self.scheduler.last_epoch = version
+        lrs = [base * lam(version) for base, lam in zip(self.scheduler.base_lrs, self.scheduler.lr_lambdas)]
+        for g, lr in zip(self.optimizer.param_groups, lrs):
+            g["lr"] = lr
+        self.scheduler._last_lr = lrs
+
+
+def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:
+    """The learner at the checkpoint in ``out`` (fresh from ``cfg.model.path`` if none) and its saved state."""
+    state = read_state(out, cfg) or {}
+    core = LearnerCore(load_policy(out / "checkpoint" if state else cfg.model.path), cfg)
+    if state:
+        load_optimizer(out, core.optimizer, core.scheduler)
+        core.version = state["version"]
+    return core, state
+
+
+def progress_line(m: dict[str, float], acc: float) -> str:
+    """The progress-bar summary of one learner step."""
+    return (f"v{m['policy/version']} reward {m['rollout/reward']:.2f} acc {acc:.3f} kl {m['loss/kl_k3']:.2e} "
+            f"wvar {m['loss/is_weight_var']:.2e} lag {m['rollout/lag_mean']:.1f}")

@@ -1,0 +1,92 @@
+"""The default generation backend: transformers' ``generate``.
+ The sampler's log-prob of each token
+is ``log_softmax(logits / temperature)`` of the unmodified model, which is exactly what
+the learner recomputes, so at zero staleness the importance ratio is 1 up to float error.
+(No top-k / top-p truncation by default for that reason; with truncation the recorded
+log-probs are still those of the untruncated tempered distribution, as in TRL.)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from p2prl.policy.backends.base import Completions
+from p2prl.policy.model import Policy, left_pad
+from p2prl.policy.weights import load_weights
+
+
+class HFGenerator:
+    """``Generator`` over a transformers model held in this process."""
+
+    def __init__(self, policy: Policy):
+        self.policy = policy
+
+    def generate(self, prompts: list[list[int]], group_size: int, max_new_tokens: int, temperature: float,
+                 top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> list[Completions]:
+        return generate(self.policy, prompts, group_size, max_new_tokens, temperature, top_k, top_p, seed)
+
+    def load(self, blob: bytes) -> None:
+        load_weights(self.policy.model, blob)
+
+
+@torch.no_grad()
+def generate(
+    policy: Policy,
+    prompts: list[list[int]],
+    group_size: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    seed: int | None = None,
+) -> list[Completions]:
+    """Sample ``group_size`` completions for each prompt (token ids) with transformers' generate."""
+    tok, model = policy.tokenizer, policy.model
+    enc_ids, enc_mask = left_pad(prompts, policy.pad_id)  # (N, P)
+    ids = enc_ids.repeat_interleave(group_size, 0)  # (N*G, P)
+    attn = enc_mask.repeat_interleave(group_size, 0)
+    if seed is not None:
+        torch.manual_seed(seed)
+    was_training = model.training
+    model.eval()
+    out = model.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        do_sample=True,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=policy.eos_id,
+        pad_token_id=policy.pad_id,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
+    model.train(was_training)
+    P = ids.shape[1]
+    comp = out.sequences[:, P:]  # (N*G, T)
+    logits = torch.stack(out.logits, dim=1).float() / temperature  # (N*G, T, V)
+    logq = torch.gather(F.log_softmax(logits, -1), 2, comp.unsqueeze(-1)).squeeze(-1)
+    is_eos = comp == policy.eos_id
+    # length = up to and including the first eos, or all T tokens if none
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, comp.shape[1])
+    steps = torch.arange(comp.shape[1]).unsqueeze(0)
+    valid = steps < first_eos.unsqueeze(1)
+    comp = torch.where(valid, comp, policy.pad_id)
+    logq = torch.where(valid, logq, 0.0)
+    texts = tok.batch_decode(comp, skip_special_tokens=True)
+    result = []
+    for n in range(len(prompts)):
+        rows = slice(n * group_size, (n + 1) * group_size)
+        result.append(
+            Completions(
+                prompt_ids=np.asarray(prompts[n], dtype=np.int32),
+                tokens=comp[rows].numpy().astype(np.int32),
+                logq=logq[rows].numpy().astype(np.float32),
+                lengths=first_eos[rows].numpy().astype(np.int32),
+                texts=texts[rows],
+            )
+        )
+    return result

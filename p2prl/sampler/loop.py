@@ -1,0 +1,243 @@
+"""``p2prl join --role sampler``: generate groups with the version held, stream them to learners.
+
+The loop reads top to bottom: heartbeat; pick up a newer policy version when the sync
+delay allows (fetched from another sampler when one holds it, hash-verified); generate
+one batch of groups; send each to a learner; settle acknowledgements. A group stays in
+the outbox until a learner reports it trained or dropped; if its learner vanishes or
+forgets it, it is resent (to another learner when there is one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import secrets
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from p2prl.config import Config
+from p2prl.rollout.delay import SyncDelay
+from p2prl.policy import load_policy
+from p2prl.rollout.record import RolloutGroup, encode_group
+from p2prl.sampler.core import SamplerCore
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
+from p2prl.swarm.node import SwarmNode, backoff, wait_until
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.tasks import make_task
+
+log = logging.getLogger("p2prl.sampler.core")
+
+DONE_STATES = {"trained", "dropped", "rejected"}
+
+
+@dataclass
+class Pending:
+    group: RolloutGroup
+    data: bytes
+    learner: str | None  # None: not delivered yet
+
+
+def pick_learner(learners: list[PeerRecord]) -> str | None:
+    """The learner with the shortest expected wait (queue depth over throughput), random on near-ties."""
+    if not learners:
+        return None
+    known = max((r.throughput for r in learners), default=0.0) or 1.0
+    score = lambda r: (r.queue_depth + 1) / (r.throughput or known)  # a new learner: assume the fastest speed
+    best = min(score(r) for r in learners)
+    return random.choice([r.peer_id for r in learners if score(r) <= best * 1.25])
+
+
+class Sampler:
+    def __init__(self, cfg: Config, node: SwarmNode):
+        self.cfg, self.node = cfg, node
+        task = make_task(cfg.task)
+        self.core = SamplerCore(load_policy(cfg.model.path), task, cfg, cfg.net.run_id,
+                                peer_id=node.peer_id, session=secrets.token_hex(4))
+        self.store = WeightStore(cfg.flow.keep_versions, max_uploads_per_version=4)
+        self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))
+        self.outbox: dict[str, Pending] = {}
+        self.counts: Counter[str] = Counter()
+        self.learners: list[PeerRecord] = []
+        self.throughput = 0.0
+        self.next_sync = 0
+        self.failures: dict[str, tuple[int, float]] = {}  # learner -> (consecutive failures, retry after)
+        self.queues: dict[str, int] = {}  # learner -> queue depth it last reported
+        self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
+
+    # ---- weights ---------------------------------------------------------------------------
+    def fetch(self, publisher: str, rec: PolicyRecord) -> bytes | None:
+        """Weights of ``rec`` from a holder (other samplers first), verified against its sha256."""
+        others = [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
+        random.shuffle(others)
+        for holder in others + [publisher]:
+            try:
+                reply = self.node.request(holder, "weights", pack({"version": rec.version, "sha256": rec.sha256}),
+                                          max_reply=rec.size + 1, timeout_s=self.node.transfer_timeout(rec.size))
+            except Exception as e:
+                log.info("weights v%d from %s failed: %s", rec.version, holder[-6:], type(e).__name__)
+                continue
+            status, blob = reply[:1], reply[1:]
+            if status != OK:
+                continue
+            if len(blob) != rec.size or hashlib.sha256(blob).hexdigest() != rec.sha256:
+                self.counts["weights/bad_hash"] += 1
+                log.warning("peer %s served weights for v%d whose hash does not match; ignored", holder[-6:], rec.version)
+                continue
+            self.counts["weights/fetched_from_" + ("learner" if holder == publisher else "sampler")] += 1
+            return blob
+        return None
+
+    def maybe_sync(self) -> None:
+        latest = self.node.latest_policy()
+        if latest is None:
+            return
+        publisher, rec = latest
+        if rec.version <= self.core.version and self.core.weights_sha256:
+            return
+        if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
+            return
+        blob = self.fetch(publisher, rec)
+        if blob is None:
+            return
+        try:
+            self.core.load(blob, rec.version, rec.sha256)
+        except Exception as e:  # safetensors or shape errors: weights published for another model
+            self.counts["weights/unloadable"] += 1
+            log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
+            return
+        if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
+            self.store.add(rec.version, rec.sha256, blob)
+            self.node.announce_holder(rec)
+        self.next_sync = rec.version + max(1, self.delay.draw())
+        log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
+
+    # ---- rollouts ----------------------------------------------------------------------------
+    def _failed(self, learner: str, what: str, e: Exception) -> None:
+        """Back off from a learner that failed: skip it until a growing, jittered delay has passed."""
+        n = self.failures.get(learner, (0, 0.0))[0] + 1
+        self.failures[learner] = (n, time.time() + backoff(n))
+        self.counts["send/failed"] += 1
+        log.info("%s with learner %s failed (%s); backing off", what, learner[-6:], type(e).__name__)
+
+    def usable_learners(self) -> list[PeerRecord]:
+        now = time.time()
+        return [r for r in self.learners if self.failures.get(r.peer_id, (0, 0.0))[1] <= now]
+
+    def deliver(self, p: Pending) -> None:
+        """Send one group to a learner; on failure it stays undelivered for the next round."""
+        p.learner = None
+        target = pick_learner(self.usable_learners())
+        if target is None:
+            return
+        try:
+            reply = unpack_map(self.node.request(target, "rollout", p.data, MAX_CONTROL_BYTES), {"status": str})
+        except Exception as e:
+            self._failed(target, f"sending {p.group.group_id[-12:]}", e)
+            return
+        self.failures.pop(target, None)
+        if isinstance(reply.get("queue"), int):
+            self.queues[target] = reply["queue"]
+        if reply["status"] == "rejected" and reply.get("reason") == "future_version":
+            # that learner is behind the swarm (restarted, catching up): keep the group, try again later
+            self.counts["send/learner_behind"] += 1
+            self.failures[target] = (1, time.time() + backoff(1))
+            return
+        if reply["status"] == "rejected":
+            self.counts[f"send/rejected/{reply.get('reason')}"] += 1
+            level = logging.DEBUG if reply.get("reason") == "stale" else logging.WARNING
+            log.log(level, "learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reply.get("reason"))
+            self.outbox.pop(p.group.group_id, None)
+            return
+        self.counts["send/" + reply["status"]] += 1
+        p.learner = target
+
+    def settle(self) -> None:
+        """Ask each learner about the groups it holds for us; resend what it lost."""
+        live = {r.peer_id for r in self.learners}
+        by_learner: dict[str, list[str]] = {}
+        for gid, p in self.outbox.items():
+            if p.learner in live:
+                by_learner.setdefault(p.learner, []).append(gid)
+            else:
+                p.learner = None
+        for learner, ids in by_learner.items():
+            for i in range(0, len(ids), 1024):
+                try:
+                    raw = self.node.request(learner, "acks", pack({"ids": ids[i : i + 1024]}), MAX_CONTROL_BYTES)
+                    reply = unpack_map(raw, {"states": dict, "queue": int})
+                    states, self.queues[learner] = reply["states"], reply["queue"]
+                except Exception as e:
+                    self._failed(learner, "asking for acks", e)
+                    for gid in ids:
+                        self.outbox[gid].learner = None
+                    break
+                for gid in ids[i : i + 1024]:
+                    state = states.get(gid, "unknown")
+                    if state in DONE_STATES:
+                        self.counts[f"acked/{state}"] += 1
+                        del self.outbox[gid]
+                        if state == "trained" and self.ack_log:
+                            self.ack_log.write(gid + "\n")
+                    elif state == "unknown":
+                        self.outbox[gid].learner = None
+        for p in [p for p in self.outbox.values() if p.learner is None]:
+            if not self.usable_learners():
+                break
+            self.counts["send/resend"] += 1
+            self.deliver(p)
+
+    def learners_full(self) -> bool:
+        """True while every usable learner last reported a full queue (back-pressure)."""
+        usable = self.usable_learners()
+        return bool(usable) and all(self.queues.get(r.peer_id, 0) >= self.cfg.flow.max_learner_queue for r in usable)
+
+    def heartbeat(self) -> None:
+        self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
+                                      policy_version=self.core.version, throughput=self.throughput,
+                                      queue_depth=len(self.outbox)))
+        self.learners = self.node.peers("learner")
+
+    def run(self, stop: threading.Event) -> None:
+        n = self.cfg.train.groups_per_step
+        if not self.cfg.net.client_mode:
+            self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
+        self.heartbeat()
+        wait_until(lambda: self.node.peers("learner") and self.node.latest_policy(),
+                   f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop)
+        while not self.core.weights_sha256 and not stop.is_set():
+            self.maybe_sync()
+            stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
+        last_beat = last_poll = 0.0
+        while not stop.is_set():
+            if time.time() - last_beat > self.cfg.net.heartbeat_s:
+                self.heartbeat()
+                last_beat = time.time()
+            if time.time() - last_poll > self.cfg.net.poll_s:
+                self.maybe_sync()
+                self.settle()
+                last_poll = time.time()
+            if not self.learners or len(self.outbox) >= self.cfg.flow.outbox_limit or self.learners_full():
+                stop.wait(self.cfg.net.poll_s)
+                self.learners = self.learners or self.node.peers("learner")
+                continue
+            t0 = time.time()
+            groups = self.core.rollout(self.core.own_prompt_ids(n))
+            if self.cfg.testing.slowdown > 1:
+                stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
+            for g in groups:
+                p = self.outbox[g.group_id] = Pending(g, encode_group(g), None)
+                self.deliver(p)
+            self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
+
+
+def run_sampler(cfg: Config, stop: threading.Event) -> dict:
+    node = SwarmNode(cfg.net, "sampler", stop)
+    sampler = Sampler(cfg, node)
+    try:
+        sampler.run(stop)
+    finally:
+        node.shutdown()
+    return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts}

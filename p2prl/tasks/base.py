@@ -1,0 +1,72 @@
+"""The task interface: a prompt for an id, the reward of a completion, a held-out set.
+
+Prompts are keyed by an integer ``prompt_id`` so that any peer can rebuild a prompt from
+its id and recompute the reward itself. ``render_prompt`` is the one place a problem
+becomes token ids: the sampler, the learner's verifier and evaluation all call it, so
+they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Literal
+
+
+class TaskError(ValueError):
+    """A task that cannot be built or rendered (missing file, bad field, no chat template); the message says which."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    prompt_id: int
+    prompt: str  # the user's text (before any chat template)
+    answer: Any  # the reference the task's ``score`` compares against
+
+
+class Task(ABC):
+    """A verifiable task. Subclasses set ``name`` and implement the three methods."""
+
+    name: str = "task"
+    chat: Literal["auto", "always", "never"] = "never"  # render through the tokenizer's chat template?
+    system_prompt: str = ""  # used only with a chat template
+    max_answer_tokens: int | None = None  # greedy evaluation length; None = sampling.max_new_tokens
+
+    @abstractmethod
+    def problem(self, prompt_id: int) -> Problem:
+        """The training problem for ``prompt_id`` (any non-negative integer)."""
+
+    @abstractmethod
+    def heldout(self, n: int) -> list[Problem]:
+        """The first ``n`` held-out problems (never used for training)."""
+
+    @abstractmethod
+    def score(self, problem: Problem, completion: str) -> float:
+        """The reward of ``completion`` for ``problem``; never raises (bad input scores 0)."""
+
+    def reward(self, prompt_id: int, completion: str) -> float:
+        """The reward of ``completion`` for the training problem ``prompt_id``."""
+        return self.score(self.problem(prompt_id), completion)
+
+    def fingerprint(self) -> str:
+        """What identifies this task's data in a run's config (name and parameters, a data hash for files)."""
+        return self.name
+
+
+def uses_chat_template(task: Task, tokenizer) -> bool:
+    """Whether ``task``'s prompts go through ``tokenizer``'s chat template; TaskError if one is required but absent."""
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if task.chat == "always" and not has:
+        raise TaskError(f"task {task.name!r} requires a chat template (task.chat_template='always') but the "
+                        "model's tokenizer has none; use a chat model folder or set task.chat_template='never'")
+    return task.chat == "always" or (task.chat == "auto" and has)
+
+
+def render_prompt(tokenizer, task: Task, problem: Problem) -> list[int]:
+    """The prompt token ids of ``problem``: the chat template (with the task's system prompt) when used, else the raw text."""
+    if not uses_chat_template(task, tokenizer):
+        return list(tokenizer(problem.prompt).input_ids)
+    messages = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []
+    messages.append({"role": "user", "content": problem.prompt})
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)

@@ -1,0 +1,99 @@
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from p2prl.learner.checkpoint import CheckpointError
+from p2prl.config import load_config
+from p2prl.policy import load_policy
+from p2prl.train import train
+
+
+def small(tmp_path, *extra):
+    return load_config(None, [f"train.out_dir={tmp_path}", "train.steps=4", "train.groups_per_step=4",
+                              "train.eval_every=2", "train.checkpoint_every=2", "task.heldout_size=64", *extra])
+
+
+def test_train_updates_every_parameter_and_logs(tmp_path):
+    summary = train(small(tmp_path), progress=False)
+    assert summary["version"] == 4
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    for key in ("loss/kl_k3", "loss/is_weight_var", "loss/clip_frac", "rollout/lag_mean", "rollout/reward"):
+        assert key in rows[1]
+    assert "eval/heldout_acc" in rows[2]
+    base, trained = load_policy("builtin").model, load_policy(tmp_path / "checkpoint").model
+    for (n, p), q in zip(base.named_parameters(), trained.parameters()):
+        assert not torch.equal(p, q), f"{n} did not change"
+
+
+def test_resume_continues_version_and_data_position(tmp_path):
+    train(small(tmp_path), progress=False)
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["version"] == 4 and state["cursor"] == 16
+    summary = train(small(tmp_path, "train.steps=6"), progress=False)
+    assert summary["version"] == 6
+    state = json.loads((tmp_path / "checkpoint" / "state.json").read_text())
+    assert state["version"] == 6 and state["cursor"] == 24 and state["groups_made"] == 24
+    rows = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [0, 1, 2, 3, 4, 5, 6]
+
+
+def test_checkpoint_from_another_config_is_refused(tmp_path):
+    train(small(tmp_path), progress=False)
+    with pytest.raises(CheckpointError, match="algo.name"):
+        train(small(tmp_path, "algo.name=grpo"), progress=False)
+
+
+@pytest.mark.parametrize("algo", ["gspo", "grpo"])
+def test_fixed_delay_produces_stale_data_within_window(tmp_path, algo):
+    cfg = small(tmp_path, f"algo.name={algo}", "staleness.delay=fixed", "staleness.delay_versions=3",
+                "staleness.max_staleness=3", "train.steps=6")
+    train(cfg, progress=False)
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()][1:]
+    lags = [r["rollout/lag_mean"] for r in rows]
+    assert lags == [0, 1, 2, 0, 1, 2]
+    assert all(r["policy/version"] - r["policy/sampler_version"] == lag + 1 for r, lag in zip(rows, lags))
+
+
+def test_cli_errors_name_the_problem(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-m", "p2prl.cli", *a], capture_output=True, text=True, timeout=120)
+    r = run("train", "train.bogus=1")
+    assert r.returncode == 2 and "train.bogus: unknown key" in r.stderr and "Traceback" not in r.stderr
+    r = run("train", f"train.out_dir={tmp_path}", f"model.path={tmp_path}/missing")
+    assert r.returncode == 2 and "no config.json" in r.stderr and "Traceback" not in r.stderr
+    r = run("join", "--role", "sampler")
+    assert r.returncode == 2 and "--initial-peers" in r.stderr and "Traceback" not in r.stderr
+    r = run("join", "--role", "sampler", "--initial-peers", "/ip4/127.0.0.1/tcp/1", "--loopback")
+    assert r.returncode == 2 and "/p2p/" in r.stderr and "Traceback" not in r.stderr
+    r = run("--help")
+    assert r.returncode == 0 and all(c in r.stdout for c in ("train", "bootstrap", "join", "status", "swarm"))
+
+
+def test_learner_state_from_a_peer_reproduces_its_next_step_bit_for_bit(tmp_path):
+    from safetensors.torch import save as st_save
+
+    from p2prl.learner.core import LearnerCore
+    from p2prl.policy.weights import serialize_weights
+
+    cfg = small(tmp_path)
+    a, b = LearnerCore(load_policy("builtin"), cfg), LearnerCore(load_policy("builtin"), cfg)
+    n = sum(p.numel() for p in a.policy.model.parameters())
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) for s in range(4)]
+    for g in grads[:3]:
+        a.apply(g)
+    weights, opt = serialize_weights(a.policy.model)[0], a.optimizer_blob()
+    before = serialize_weights(b.policy.model)[1]
+    for bad in (st_save({"0.exp_avg": torch.zeros(3)}), st_save({"999.step": torch.zeros(())}),
+                st_save({"0.exp_avg": torch.zeros(1)})):
+        with pytest.raises(ValueError):
+            b.load_state(weights, bad, 3)
+    assert serialize_weights(b.policy.model)[1] == before and b.version == 0, "a refused state changed the learner"
+    b.load_state(weights, opt, a.version)
+    a.apply(grads[3])
+    b.apply(grads[3])
+    assert b.version == a.version == 4
+    assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
+    assert serialize_weights(a.policy.model)[1] == serialize_weights(b.policy.model)[1]

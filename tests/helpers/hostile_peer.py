@@ -1,0 +1,92 @@
+"""A hostile peer: joins a run and sends a learner one bad record of each kind, then an honest one.
+
+Usage: python tests/hostile_peer.py MADDR RUN_ID MIN_VERSION   (prints {case: [status, reason]} as JSON)
+"""
+
+import json
+import sys
+import threading
+
+import numpy as np
+
+from p2prl.config import NetConfig
+from p2prl.policy import load_policy
+from p2prl.rollout.record import RolloutGroup, encode_group
+from p2prl.swarm.node import SwarmNode, wait_until
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.tasks.addition import AdditionTask
+
+maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])
+node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10), "sampler")
+stop = threading.Event()
+import logging
+
+log = logging.getLogger("hostile")
+try:
+    learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
+    _, rec = wait_until(lambda: (p := node.latest_policy()) and p[1].version >= min_version and p, "a newer version", log, stop)
+    tok = load_policy("builtin").tokenizer
+    task = AdditionTask()
+    n = 0
+
+    def group(**change) -> RolloutGroup:
+        global n
+        n += 1
+        prob = task.problem(n)
+        answers = [str(prob.answer), "7", str(prob.answer), "12"]
+        rows = [tok(a).input_ids + [tok.eos_token_id] for a in answers]
+        T = max(map(len, rows))
+        tokens = np.zeros((4, T), np.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
+        g = RolloutGroup(
+            group_id=f"{node.peer_id}/h/{n}", run_id=run_id, prompt_id=n, policy_version=rec.version,
+            weights_sha256=rec.sha256, prompt_ids=np.array(tok(prob.prompt).input_ids, np.int32), tokens=tokens,
+            lengths=np.array([len(r) for r in rows], np.int32), logq=np.full((4, T), -0.5, np.float32),
+            rewards=np.array([float(a == str(prob.answer)) for a in answers], np.float32), sampler=node.peer_id,
+        )
+        for k, v in change.items():
+            setattr(g, k, v)
+        return g
+
+    def bad_tokens():
+        g = group()
+        g.tokens[1, 0] = 50_000
+        return g
+
+    def nan_logq():
+        g = group()
+        g.logq[0, 0] = np.nan
+        return g
+
+    def lying_reward():
+        g = group()
+        g.rewards[:] = 1.0
+        return g
+
+    cases = {
+        "malformed": b"\x93\x01\x02garbage",
+        "oversized": b"\x00" * 50_000,
+        "unknown_run": encode_group(group(run_id="some-other-run")),
+        "unpublished_version": encode_group(group(policy_version=rec.version + 1000)),
+        "wrong_hash": encode_group(group(weights_sha256="0" * 64)),
+        "outside_window": encode_group(group(policy_version=rec.version - 2)),
+        "nonfinite_logprobs": encode_group(nan_logq()),
+        "token_out_of_vocab": encode_group(bad_tokens()),
+        "lying_reward": encode_group(lying_reward()),
+        "foreign_group_id": encode_group(group(group_id="12D3KooWsomeoneelse/1")),
+        "honest": encode_group(group()),
+    }
+    replies = {}
+    for name, data in cases.items():
+        try:
+            r = unpack_map(node.request(learner, "rollout", data, MAX_CONTROL_BYTES), {"status": str})
+            replies[name] = [r["status"], r.get("reason", "")]
+        except Exception as e:
+            replies[name] = ["error", type(e).__name__]
+    acks = unpack_map(node.request(learner, "acks", pack({"ids": [f"{node.peer_id}/h/{n}", "other/1"]}), MAX_CONTROL_BYTES),
+                      {"states": dict})
+    replies["acks"] = acks["states"]
+    print(json.dumps(replies), flush=True)
+finally:
+    node.shutdown()

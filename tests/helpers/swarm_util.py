@@ -1,0 +1,133 @@
+"""Real peers on 127.0.0.1 in separate processes, each in its own process group."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+FAST = [
+    "net.run_id=test", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_timeout_s=10",
+    "sampling.group_size=4", "train.groups_per_step=4", "task.heldout_size=32", "train.eval_every=1000",
+]
+
+
+def wait_for(pred, timeout: float, what: str, interval: float = 0.2):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        got = pred()
+        if got:
+            return got
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a line being written right now
+            break
+    return out
+
+
+class Peers:
+    def __init__(self, root: Path):
+        self.root = root
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, args: list[str], module: str = "p2prl.cli") -> subprocess.Popen:
+        log = (self.root / f"{name}.log").open("ab")
+        cmd = [sys.executable, "-m", module, *args] if module else args
+        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             start_new_session=True, cwd=Path(__file__).resolve().parents[2])
+        self.procs[name] = p
+        return p
+
+    def log(self, name: str) -> str:
+        return (self.root / f"{name}.log").read_text(errors="replace")
+
+    def bootstrap(self, name: str = "bootstrap") -> str:
+        f = self.root / f"{name}.maddrs"
+        p = self.start(name, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                              "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
+        wait_for(lambda: (f.exists() and f.read_text().strip()) or p.poll() is not None, 60, f"the bootstrap {name}")
+        assert p.poll() is None, self.log(name)
+        return f.read_text().split()[0]
+
+    def join(self, name: str, role: str, maddr: str, *overrides: str, out: Path | None = None) -> subprocess.Popen:
+        args = ["join", "--role", role, "--loopback", "--no-progress", "--initial-peers", maddr, *FAST, *overrides]
+        if out is not None:
+            args.append(f"train.out_dir={out}")
+        return self.start(name, args)
+
+    def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
+        try:
+            os.killpg(self.procs[name].pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, name: str, timeout: float = 30) -> int:
+        self.signal(name, signal.SIGTERM)
+        try:
+            return self.procs[name].wait(timeout=timeout)
+        finally:
+            self.signal(name, signal.SIGKILL)
+
+    def close(self) -> None:
+        for name in self.procs:
+            self.signal(name, signal.SIGTERM)
+        deadline = time.time() + 10
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        for name in self.procs:
+            self.signal(name, signal.SIGKILL)
+
+
+def last_json(text: str) -> dict:
+    """The last top-level JSON object a peer printed (its summary)."""
+    start = text.rfind("\n{")
+    return json.loads(text[start + 1 : text.index("\n}", start) + 2])
+
+
+def history(learner_dirs: list[Path]) -> list[dict]:
+    """The training history the last learner to publish descends from, oldest first.
+
+    Walks back from the newest (version, hash) through each line's ``parent``, taking lines from
+    any learner's log (learners of one round write the same line). Checks that the chain
+    reaches version 0 and that no group is in two versions of it.
+    """
+    lines = {}
+    for d in learner_dirs:
+        for l in read_jsonl(d / "train_log.jsonl"):
+            if "loaded_from" not in l:
+                key = (l["version"], l["published"])
+                assert lines.get(key, l)["groups"] == l["groups"], f"two logs disagree on the groups of v{key[0]}"
+                lines[key] = l
+    head = max(lines, key=lambda k: k[0])
+    chain = [lines[head]]
+    while chain[-1]["version"] > 0:
+        l = chain[-1]
+        parent = (l["version"] - 1, l["parent"])
+        assert parent in lines, f"no learner logged v{parent[0]} ({parent[1][:8]}), the parent of v{l['version']}"
+        chain.append(lines[parent])
+    chain.reverse()
+    trained = [gid for l in chain for gid, _, _ in l["groups"]]
+    assert len(trained) == len(set(trained)), "a group was trained in two versions"
+    return chain
+
+
+def acknowledged_missing(chain: list[dict], ack_logs: list[Path]) -> set[str]:
+    """Groups samplers were told are trained that are not in ``chain``."""
+    acked = {gid for f in ack_logs if f.exists() for gid in f.read_text().split()}
+    return acked - {gid for l in chain for gid, _, _ in l["groups"]}
