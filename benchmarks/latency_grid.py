@@ -21,8 +21,9 @@ from _results import write_section
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2prl.experiments import latency as experiment  # noqa: E402
+from p2prl import cli  # noqa: E402
 from p2prl.config import load_config  # noqa: E402
+from p2prl.experiments import grid, latency  # noqa: E402
 
 CONFIG = "configs/latency.toml"
 OUT = "runs/latency"
@@ -51,11 +52,11 @@ def setting(overrides: list[str]) -> str:
     )
 
 
-def copy_plots(report: experiment.Report) -> dict[str, str]:
+def copy_plots(report: grid.Report) -> dict[str, str]:
     """Copy the PNGs to docs/img/latency_*.png; returns Markdown links relative to docs/."""
     IMG.mkdir(parents=True, exist_ok=True)
     links = {}
-    for key in experiment.PLOTS:
+    for key in grid.PLOTS:
         src = report.files[key]
         dst = IMG / f"latency_{src.name}"
         shutil.copyfile(src, dst)
@@ -71,11 +72,11 @@ def main() -> int:
     args = ap.parse_args()
     if args.fresh:
         shutil.rmtree(ROOT / OUT, ignore_errors=True)
-    argv = ["latency", "--config", str(ROOT / CONFIG), "--out", str(ROOT / OUT), "--no-progress"]
+    argv = ["experiment", "latency", "--config", str(ROOT / CONFIG), "--out", str(ROOT / OUT), "--no-progress"]
     if args.jobs:
         argv += ["--jobs", str(args.jobs)]
-    ns = experiment.build_parser().parse_args(argv + args.overrides)
-    outcome = experiment.run_latency(ns)
+    ns = cli.build_parser().parse_args(argv + args.overrides)
+    outcome = latency.run_latency(ns)
     run = outcome.run
     if run.failed:
         print("failed cells:\n  " + "\n  ".join(run.failed), file=sys.stderr)

@@ -24,8 +24,9 @@ from _results import write_section
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from p2prl.experiments import latency as experiment, network as netexp  # noqa: E402
+from p2prl import cli  # noqa: E402
 from p2prl.config import load_config  # noqa: E402
+from p2prl.experiments import grid, network as netexp  # noqa: E402
 
 CONFIG = "configs/network.toml"
 OUT = "runs/network"
@@ -59,7 +60,7 @@ def setting(ns: argparse.Namespace, overrides: list[str]) -> str:
     )
 
 
-def copy_plots(report: experiment.Report) -> dict[str, str]:
+def copy_plots(report: grid.Report) -> dict[str, str]:
     """Copy the PNGs to docs/img/network_*.png; returns Markdown links relative to docs/."""
     IMG.mkdir(parents=True, exist_ok=True)
     links = {}
@@ -82,8 +83,8 @@ def main() -> int:
         return netexp.EXIT_UNSUPPORTED
     if args.fresh:
         shutil.rmtree(ROOT / OUT, ignore_errors=True)
-    ns = experiment.build_parser().parse_args(
-        ["network", "--config", str(ROOT / CONFIG), "--out", str(ROOT / OUT), *args.overrides])
+    ns = cli.build_parser().parse_args(
+        ["experiment", "network", "--config", str(ROOT / CONFIG), "--out", str(ROOT / OUT), *args.overrides])
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a terminated run still stops its swarm
     outcome = netexp.run_network(ns)
     run = outcome.run

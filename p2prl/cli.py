@@ -1,11 +1,19 @@
-"""The ``p2prl`` command. Arguments are parsed before torch or hivemind is imported."""
+"""The ``p2prl`` command: the parser of every subcommand, experiments included.
+
+Arguments are parsed (and ``--help`` answered) before torch or hivemind is imported;
+each command imports what it needs when it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
+import textwrap
+
+from p2prl.experiments import grid, latency, network
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -16,7 +24,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _build_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="p2prl",
         description="Peer-to-peer RL post-training of language models with GEPO (HeteroRL).",
@@ -89,10 +97,96 @@ def _build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     _add_config_args(up)
-    ex = sub.add_parser("experiment", help="reproducible experiments (e.g. `p2prl experiment latency --help`)",
-                        add_help=False)
-    ex.add_argument("args", nargs=argparse.REMAINDER)
+    _add_experiment_parsers(sub)
     return ap
+
+
+def _wrap(text: str) -> str:
+    return textwrap.fill(text, width=88)
+
+
+def _add_experiment_parsers(sub) -> None:
+    ex = sub.add_parser("experiment", help="reproducible experiments (e.g. `p2prl experiment latency --help`)",
+                        description="Reproducible experiments of the GEPO paper on one machine.")
+    exsub = ex.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    lat = exsub.add_parser(
+        "latency", help="accuracy of GRPO / GSPO / GEPO against the maximum sync delay",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap("Run the grid algorithm x maximum delay x seed with the paper's clipped log-normal sync "
+        "delay (delay 0 = online) and the learner's window equal to the maximum delay, the same number of "
+        "learner steps in every cell. Cells run in parallel processes and resume: a finished cell (its "
+        "summary.json matches its config) is skipped. Writes results.md, results.csv (per algo and delay: "
+        "mean/std/min/max over seeds), cells.csv and PNG plots to --out, and prints the table and the "
+        "paper's targets."),
+        epilog="examples:\n  p2prl experiment latency                    # the full grid into runs/latency\n"
+        "  p2prl experiment latency --quick            # smoke run of the whole pipeline\n"
+        "  p2prl experiment latency train.steps=200    # any config override, for every cell",
+    )
+    lat.add_argument("--config", default=latency.DEFAULT_CONFIG,
+                     help=f"base TOML config of every cell (default {latency.DEFAULT_CONFIG})")
+    lat.add_argument("--out", default=None,
+                     help=f"output folder (default {latency.DEFAULT_OUT}, or {latency.QUICK_OUT} with --quick)")
+    lat.add_argument("--algos", nargs="+", choices=grid.ALGOS, default=list(grid.ALGOS),
+                     help="algorithms (default: all three)")
+    lat.add_argument("--delays", nargs="+", type=int, default=None, metavar="D",
+                     help=f"maximum delays in policy versions (default {' '.join(map(str, latency.DELAYS))})")
+    lat.add_argument("--seeds", type=int, default=None, help="seeds per (algo, delay), 0..N-1 (default 3)")
+    lat.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                     help="cells run at once (default: CPU count); each cell uses one torch thread when > 1")
+    lat.add_argument("--quick", action="store_true",
+                     help="smoke run: one seed, delays 0 4, 8 steps, 4 groups per step, 32 held-out problems")
+    lat.add_argument("--keep-checkpoints", action="store_true", help="keep each cell's final checkpoint")
+    lat.add_argument("--no-progress", action="store_true", help="no progress bar")
+    lat.add_argument("overrides", nargs="*", metavar="section.key=value",
+                     help="dotted config overrides for every cell, e.g. train.steps=60 train.lr=3e-3")
+
+    net = exsub.add_parser(
+        "network", help="GRPO / GSPO / GEPO in a real swarm over an emulated network (RTT, bandwidth)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=_wrap(
+            "Run the grid algorithm x maximum sampler RTT x seed, each cell a real swarm (a bootstrap, one "
+            "learner, N samplers) whose peers live in their own Linux network namespaces, joined by a userspace "
+            "link emulator (per-peer delay, rate limit, bounded queue) instead of tc netem. The learner's window "
+            "is fixed by the config, so the staleness comes from the network. The bootstrap and the learner get "
+            "--base-rtt-ms, the samplers RTTs spread log-uniformly from --min-rtt-ms to the cell's maximum; two "
+            "peers see the sum of their RTTs. Cells run one after another and resume: a finished cell (its "
+            "summary.json matches its config) is skipped. Writes results.md, results.csv, cells.csv and PNG "
+            "plots (those of the latency grid, plus the lag of every sampler against its RTT) to --out. Needs "
+            "root, unshare, nsenter, ip and /dev/net/tun; without them it says what is missing and exits "
+            f"with code {network.EXIT_UNSUPPORTED}. See docs/network_experiment.md."),
+        epilog="examples:\n  p2prl experiment network                         # the grid into runs/network\n"
+        "  p2prl experiment network --quick                 # smoke run: gepo, 2 RTTs, 60 small steps\n"
+        "  p2prl experiment network --rtts 100 1000 --rate-mbit 5 train.steps=60",
+    )
+    net.add_argument("--config", default=network.DEFAULT_CONFIG,
+                     help=f"base TOML config of every peer (default {network.DEFAULT_CONFIG})")
+    net.add_argument("--out", default=None,
+                     help=f"output folder (default {network.DEFAULT_OUT}, or {network.QUICK_OUT} with --quick)")
+    net.add_argument("--algos", nargs="+", choices=grid.ALGOS, default=None,
+                     help="algorithms (default: all three; gepo with --quick)")
+    net.add_argument("--rtts", nargs="+", type=int, default=None, metavar="MS",
+                     help=f"maximum sampler RTTs in ms (default {' '.join(map(str, network.RTTS_MS))}; "
+                     f"{' '.join(map(str, network.QUICK_RTTS_MS))} with --quick)")
+    net.add_argument("--seeds", type=int, default=1, help="seeds per (algo, RTT), 0..N-1 (default 1)")
+    net.add_argument("--samplers", type=int, default=network.LinkParams.samplers,
+                     help="samplers per swarm (default 3)")
+    net.add_argument("--base-rtt-ms", type=float, default=network.LinkParams.base_rtt_ms,
+                     help="RTT of the bootstrap and the learner (default 10)")
+    net.add_argument("--min-rtt-ms", type=float, default=network.LinkParams.min_rtt_ms,
+                     help="smallest sampler RTT (default 50)")
+    net.add_argument("--rate-mbit", type=float, default=network.LinkParams.rate_mbit,
+                     help="rate limit of each peer's link, each direction (default 20 Mbit/s)")
+    net.add_argument("--burst-kb", type=float, default=network.LinkParams.burst_kb,
+                     help="token-bucket depth (default 64 KiB)")
+    net.add_argument("--queue-kb", type=float, default=network.LinkParams.queue_kb,
+                     help="queue of each link direction, tail drop (default 4096 KiB)")
+    net.add_argument("--cell-timeout", type=float, default=network.CELL_TIMEOUT_S,
+                     help="give up on a cell whose learner has not finished after this many seconds "
+                     f"(default {network.CELL_TIMEOUT_S:.0f})")
+    net.add_argument("--quick", action="store_true",
+                     help="smoke run: gepo, max RTTs 50 and 500 ms, 60 steps of 4 groups, 32 held-out problems")
+    net.add_argument("overrides", nargs="*", metavar="section.key=value",
+                     help="dotted config overrides for every peer of every cell, e.g. train.steps=60")
 
 
 def _add_network_args(p: argparse.ArgumentParser) -> None:
@@ -211,13 +305,26 @@ def _usage(msg: str) -> Exception:
     return ConfigError(msg)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["experiment"]:  # its own parser, options included (argparse would claim --help)
-        from p2prl.experiments.latency import main as experiment_main
+def _cmd_experiment(args: argparse.Namespace) -> int:
+    """Experiments run their cells in other processes (or catch their errors per cell), so only a bad config
+    is reported here, and torch is not imported into this process for it."""
+    from p2prl.config import ConfigError
 
-        return experiment_main(argv[1:])
-    args = _build_parser().parse_args(argv)
+    name = f"p2prl experiment {args.experiment}"
+    try:
+        return {"latency": latency.cmd_latency, "network": network.cmd_network}[args.experiment](args)
+    except ConfigError as e:
+        print(f"{name}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{name}: interrupted; rerun to resume", file=sys.stderr)
+        return 130
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "experiment":
+        return _cmd_experiment(args)
     from p2prl.learner.checkpoint import CheckpointError
     from p2prl.config import ConfigError
     from p2prl.policy.model import PolicyLoadError

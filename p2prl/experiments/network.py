@@ -37,11 +37,25 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from p2prl.experiments import latency as experiment
-from p2prl.experiments.latency import ALGOS, COLORS, Axis, GridRun, finished_summary, summarize_metrics, write_json_atomic
+from p2prl.experiments.grid import (
+    ALGOS,
+    COLORS,
+    Axis,
+    GridRun,
+    Outcome,
+    Report,
+    finished_summary,
+    markdown_table,
+    pyplot,
+    report_outcome,
+    staleness_effect,
+    summarize_metrics,
+    write_grid_files,
+    write_json_atomic,
+)
 from p2prl.experiments.linkemu import TUN_PATH, peer_address
+from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file
 from p2prl.metrics import lag_by_sampler, read_jsonl
-from p2prl.launch.local import _signal_group, wait_for_file
 
 EXIT_UNSUPPORTED = 3
 RTTS_MS = (50, 500, 1500)  # a hivemind peer 2 s away cannot join (docs/network_experiment.md)
@@ -189,56 +203,32 @@ def link_params(args: argparse.Namespace) -> LinkParams:
 # ----------------------------------------------------------------------------
 
 
-class NetLab:
-    """Namespace holders, the hub and the peers of one cell, each in its own session (process group)."""
+class NetLab(ProcessGroups):
+    """Namespace holders, the hub and the peers of one cell, each in its own session (process group);
+    ``stop`` gives them ``STOP_GRACE_S`` between SIGTERM and SIGKILL."""
 
     def __init__(self, logs: Path):
-        self.logs = logs
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        with (self.logs / f"{name}.log").open("wb") as out:
-            p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 start_new_session=True)
-        self.procs[name] = p
-        return p
+        super().__init__(logs, grace_s=STOP_GRACE_S)
 
     def namespace(self, name: str) -> subprocess.Popen:
         """A new network namespace, alive while this sleeping process (or a peer entered into it) is."""
-        return self._spawn(f"ns-{name}", ["unshare", "-n", "sleep", "infinity"])
+        return self.spawn(f"ns-{name}", ["unshare", "-n", "sleep", "infinity"])
 
     def hub(self, holders: list[subprocess.Popen], rtts: list[float], link: LinkParams, ready: Path,
             stats: Path) -> subprocess.Popen:
         """The link emulator, in a namespace of its own (its devices never show up on the host)."""
         peers = [f"--peer={h.pid}:{rtt}" for h, rtt in zip(holders, rtts)]
-        return self._spawn("hub", ["unshare", "-n", sys.executable, "-m", "p2prl.experiments.linkemu", *peers,
-                                   f"--rate-mbit={link.rate_mbit}", f"--burst-kb={link.burst_kb}",
-                                   f"--queue-kb={link.queue_kb}", f"--ready-file={ready}", f"--stats-file={stats}"])
+        return self.spawn("hub", ["unshare", "-n", sys.executable, "-m", "p2prl.experiments.linkemu", *peers,
+                                  f"--rate-mbit={link.rate_mbit}", f"--burst-kb={link.burst_kb}",
+                                  f"--queue-kb={link.queue_kb}", f"--ready-file={ready}", f"--stats-file={stats}"])
 
     def spawn_in(self, name: str, holder: subprocess.Popen, cmd: list[str]) -> subprocess.Popen:
         """``cmd`` in ``holder``'s network namespace."""
-        return self._spawn(name, ["nsenter", f"--net=/proc/{holder.pid}/ns/net", *cmd])
+        return self.spawn(name, ["nsenter", f"--net=/proc/{holder.pid}/ns/net", *cmd])
 
     def peer(self, name: str, holder: subprocess.Popen, args: list[str]) -> subprocess.Popen:
         """``p2prl <args>`` in ``holder``'s network namespace."""
-        return self.spawn_in(name, holder, [sys.executable, "-m", "p2prl.cli", *args])
-
-    def stop(self, names: list[str] | None = None, grace_s: float = STOP_GRACE_S) -> None:
-        """SIGTERM the groups of ``names`` (default: all), wait up to ``grace_s``, then SIGKILL them."""
-        procs = [self.procs[n] for n in (names if names is not None else list(self.procs)) if n in self.procs]
-        for p in procs:
-            _signal_group(p, signal.SIGTERM)
-        deadline = time.time() + grace_s
-        for p in procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-            _signal_group(p, signal.SIGKILL)
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        return self.spawn_in(name, holder, cli_command(*args))
 
 
 def last_json(text: str) -> dict | None:
@@ -385,7 +375,7 @@ def sampler_table(summaries: list[dict]) -> str:
 
 def plot_lag_vs_rtt(summaries: list[dict], path: Path) -> None:
     """Each sampler's mean observed lag (bar up to its max lag) against its RTT, log scale."""
-    plt = experiment._pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in ALGOS:
         pts = [(x["rtt_ms"], x["lag_mean"], x["lag_max"]) for s in summaries if s["algo"] == algo
@@ -406,75 +396,30 @@ def plot_lag_vs_rtt(summaries: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_net_report(summaries: list[dict], algos, rtts, out: Path) -> experiment.Report:
+def write_net_report(summaries: list[dict], algos, rtts, out: Path) -> Report:
     """The latency grid's tables and plots over maximum RTT, plus the per-sampler table and lag plot."""
-    rows, files = experiment.write_grid_files(summaries, algos, rtts, out, NET_AXIS,
-                                              extra_cols=("stale_dropped", "hub_drops", "learner_s"))
+    rows, files = write_grid_files(summaries, algos, rtts, out, NET_AXIS,
+                                   extra_cols=("stale_dropped", "hub_drops", "learner_s"))
     files["lag"] = out / LAG_PLOT
     plot_lag_vs_rtt(summaries, files["lag"])
-    effect = experiment.staleness_effect(rows, algos, rtts, NET_AXIS)
+    effect = staleness_effect(rows, algos, rtts, NET_AXIS)
     markdown = (
         "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy exact match on held-out problems; "
         "best = best periodic evaluation after the start, last = evaluation at the final version. Lag: learner "
         "version minus one minus the version that generated the data (mean over steps; max over steps), as it "
         "came out of the network. KL k3 and IS weight variance: means over learner steps of the objective's own "
-        f"metrics.\n\n{experiment.markdown_table(rows, NET_AXIS)}\n\n"
+        f"metrics.\n\n{markdown_table(rows, NET_AXIS)}\n\n"
         "**Per sampler** (groups trained and their lag from the learner's training log; groups made and refused as "
         f"stale from the sampler's own summary):\n\n{sampler_table(summaries)}\n\n"
         "**Does staleness hurt?**\n\n" + "\n".join(f"- {line}" for line in effect) + "\n"
     )
     files["markdown"].write_text(markdown)
-    return experiment.Report(rows, [], markdown, files)
+    return Report(rows, [], markdown, files)
 
 
 # ----------------------------------------------------------------------------
-# command line
+# the command (its parser is in p2prl.cli)
 # ----------------------------------------------------------------------------
-
-
-def add_parser(sub) -> None:
-    """The ``network`` subcommand of ``p2prl experiment``."""
-    net = sub.add_parser(
-        "network", help="GRPO / GSPO / GEPO in a real swarm over an emulated network (RTT, bandwidth)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=experiment._wrap(
-            "Run the grid algorithm x maximum sampler RTT x seed, each cell a real swarm (a bootstrap, one "
-            "learner, N samplers) whose peers live in their own Linux network namespaces, joined by a userspace "
-            "link emulator (per-peer delay, rate limit, bounded queue) instead of tc netem. The learner's window "
-            "is fixed by the config, so the staleness comes from the network. The bootstrap and the learner get "
-            "--base-rtt-ms, the samplers RTTs spread log-uniformly from --min-rtt-ms to the cell's maximum; two "
-            "peers see the sum of their RTTs. Cells run one after another and resume: a finished cell (its "
-            "summary.json matches its config) is skipped. Writes results.md, results.csv, cells.csv and PNG "
-            "plots (those of the latency grid, plus the lag of every sampler against its RTT) to --out. Needs "
-            f"root, unshare, nsenter, ip and /dev/net/tun; without them it says what is missing and exits "
-            f"with code {EXIT_UNSUPPORTED}. See docs/network_experiment.md."),
-        epilog="examples:\n  p2prl experiment network                         # the grid into runs/network\n"
-        "  p2prl experiment network --quick                 # smoke run: gepo, 2 RTTs, 60 small steps\n"
-        "  p2prl experiment network --rtts 100 1000 --rate-mbit 5 train.steps=60",
-    )
-    net.add_argument("--config", default=DEFAULT_CONFIG, help=f"base TOML config of every peer (default {DEFAULT_CONFIG})")
-    net.add_argument("--out", default=None, help=f"output folder (default {DEFAULT_OUT}, or {QUICK_OUT} with --quick)")
-    net.add_argument("--algos", nargs="+", choices=ALGOS, default=None, help="algorithms (default: all three; gepo with --quick)")
-    net.add_argument("--rtts", nargs="+", type=int, default=None, metavar="MS",
-                     help=f"maximum sampler RTTs in ms (default {' '.join(map(str, RTTS_MS))}; "
-                     f"{' '.join(map(str, QUICK_RTTS_MS))} with --quick)")
-    net.add_argument("--seeds", type=int, default=1, help="seeds per (algo, RTT), 0..N-1 (default 1)")
-    net.add_argument("--samplers", type=int, default=LinkParams.samplers, help="samplers per swarm (default 3)")
-    net.add_argument("--base-rtt-ms", type=float, default=LinkParams.base_rtt_ms,
-                     help="RTT of the bootstrap and the learner (default 10)")
-    net.add_argument("--min-rtt-ms", type=float, default=LinkParams.min_rtt_ms,
-                     help="smallest sampler RTT (default 50)")
-    net.add_argument("--rate-mbit", type=float, default=LinkParams.rate_mbit,
-                     help="rate limit of each peer's link, each direction (default 20 Mbit/s)")
-    net.add_argument("--burst-kb", type=float, default=LinkParams.burst_kb, help="token-bucket depth (default 64 KiB)")
-    net.add_argument("--queue-kb", type=float, default=LinkParams.queue_kb,
-                     help="queue of each link direction, tail drop (default 4096 KiB)")
-    net.add_argument("--cell-timeout", type=float, default=CELL_TIMEOUT_S,
-                     help=f"give up on a cell whose learner has not finished after this many seconds (default {CELL_TIMEOUT_S:.0f})")
-    net.add_argument("--quick", action="store_true",
-                     help="smoke run: gepo, max RTTs 50 and 500 ms, 60 steps of 4 groups, 32 held-out problems")
-    net.add_argument("overrides", nargs="*", metavar="section.key=value",
-                     help="dotted config overrides for every peer of every cell, e.g. train.steps=60")
 
 
 def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
@@ -485,14 +430,7 @@ def resolve_defaults(args: argparse.Namespace) -> argparse.Namespace:
     return args
 
 
-@dataclass
-class NetOutcome:
-    run: GridRun
-    report: experiment.Report | None
-    out: Path
-
-
-def run_network(args: argparse.Namespace) -> NetOutcome:
+def run_network(args: argparse.Namespace) -> Outcome:
     """Plan, skip finished cells, run the rest one after another, then report on every finished cell."""
     resolve_defaults(args)
     out = Path(args.out)
@@ -510,7 +448,7 @@ def run_network(args: argparse.Namespace) -> NetOutcome:
     run.wall_s, run.skipped = time.time() - started, len(finished)
     run.summaries = finished + run.summaries
     report = write_net_report(run.summaries, args.algos, args.rtts, out) if not run.failed else None
-    return NetOutcome(run, report, out)
+    return Outcome(run, report, out)
 
 
 def cmd_network(args: argparse.Namespace) -> int:
@@ -528,4 +466,4 @@ def cmd_network(args: argparse.Namespace) -> int:
         outcome = run_network(args)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    return experiment.report_outcome(outcome)
+    return report_outcome(outcome)

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from p2prl.launch.procs import ProcessGroups
 
 FAST = [
     "net.run_id=test", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_timeout_s=10",
@@ -39,17 +40,15 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 class Peers:
+    """Peers of one test, logging to ``<root>/<name>.log`` (appended across restarts), stopped by process group."""
+
     def __init__(self, root: Path):
         self.root = root
-        self.procs: dict[str, subprocess.Popen] = {}
+        self.group = ProcessGroups(root, grace_s=10.0, append=True, cwd=Path(__file__).resolve().parents[2])
+        self.procs = self.group.procs
 
     def start(self, name: str, args: list[str], module: str = "p2prl.cli") -> subprocess.Popen:
-        log = (self.root / f"{name}.log").open("ab")
-        cmd = [sys.executable, "-m", module, *args] if module else args
-        p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             start_new_session=True, cwd=Path(__file__).resolve().parents[2])
-        self.procs[name] = p
-        return p
+        return self.group.spawn(name, [sys.executable, "-m", module, *args] if module else args)
 
     def log(self, name: str) -> str:
         return (self.root / f"{name}.log").read_text(errors="replace")
@@ -69,29 +68,14 @@ class Peers:
         return self.start(name, args)
 
     def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
-        try:
-            os.killpg(self.procs[name].pid, sig)
-        except ProcessLookupError:
-            pass
+        self.group.signal(name, sig)
 
     def stop(self, name: str, timeout: float = 30) -> int:
-        self.signal(name, signal.SIGTERM)
-        try:
-            return self.procs[name].wait(timeout=timeout)
-        finally:
-            self.signal(name, signal.SIGKILL)
+        """SIGTERM, the exit code within ``timeout`` (else ``subprocess.TimeoutExpired``), then SIGKILL the group."""
+        return self.group.stop_one(name, timeout)
 
     def close(self) -> None:
-        for name in self.procs:
-            self.signal(name, signal.SIGTERM)
-        deadline = time.time() + 10
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        for name in self.procs:
-            self.signal(name, signal.SIGKILL)
+        self.group.stop()
 
 
 def last_json(text: str) -> dict:

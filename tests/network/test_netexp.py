@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from p2prl.experiments import latency as experiment, network as netexp
+from p2prl import cli
+from p2prl.experiments import grid, network as netexp
 from p2prl.experiments.linkemu import Link, PeerLinks, Scheduler, TokenBucket, destination, peer_address
 from p2prl.experiments.network import EXIT_UNSUPPORTED, LinkParams, NetLab, has_net_admin, probe, sampler_rtts
 
@@ -139,7 +140,7 @@ def test_probe_names_what_is_missing_in_one_line(tmp_path):
 
 def test_an_unsupported_machine_exits_3_without_starting_anything(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(netexp, "probe", lambda: "no TUN device node at /dev/net/tun")
-    code = experiment.main(["network", "--quick", "--out", str(tmp_path / "out")])
+    code = cli.main(["experiment", "network", "--quick", "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == EXIT_UNSUPPORTED == 3
     assert err.strip() == "p2prl experiment network: cannot run on this machine: no TUN device node at /dev/net/tun"
@@ -156,15 +157,16 @@ def test_cli_help_and_bad_arguments():
 
 
 def test_a_finished_cell_is_skipped_only_with_the_same_network(tmp_path):
-    args = experiment.build_parser().parse_args(["network", "--quick", "--config", str(ROOT / "configs/network.toml")])
+    args = cli.build_parser().parse_args(["experiment", "network", "--quick", "--config",
+                                          str(ROOT / "configs/network.toml")])
     netexp.resolve_defaults(args)
     plan = netexp.plan_cells(args, tmp_path)[0]
     assert plan.dump["config"]["net"]["closed_network"] and plan.dump["config"]["staleness"]["delay"] == "none"
     plan.dir.mkdir(parents=True)
     (plan.dir / "summary.json").write_text(json.dumps({"config": netexp.net_fingerprint(plan.dump)}))
-    assert experiment.finished_summary(plan.dir, plan.dump, netexp.net_fingerprint) is not None
+    assert grid.finished_summary(plan.dir, plan.dump, netexp.net_fingerprint) is not None
     plan.dump["link"]["rate_mbit"] += 1
-    assert experiment.finished_summary(plan.dir, plan.dump, netexp.net_fingerprint) is None
+    assert grid.finished_summary(plan.dir, plan.dump, netexp.net_fingerprint) is None
 
 
 # ---- real namespaces (root only) ------------------------------------------------------------------
@@ -197,7 +199,7 @@ def test_the_hub_really_delays(tmp_path):
     try:
         a, b = lab.namespace("a"), lab.namespace("b")
         hub = lab.hub([a, b], [20.0, 300.0], LinkParams(), tmp_path / "ready", tmp_path / "stats.json")
-        from p2prl.launch.local import wait_for_file
+        from p2prl.launch.procs import wait_for_file
 
         wait_for_file(tmp_path / "ready", hub, 30, "the hub")
         server = lab.spawn_in("server", a, [sys.executable, "-c", SERVER, peer_address(0)])
@@ -216,9 +218,9 @@ def test_the_hub_really_delays(tmp_path):
 @needs_netns
 def test_quick_network_grid(tmp_path, capsys):
     out = tmp_path / "grid"
-    argv = ["network", "--quick", "--out", str(out)]
+    argv = ["experiment", "network", "--quick", "--out", str(out)]
     started = time.time()
-    assert experiment.main(argv) == 0, capsys.readouterr()
+    assert cli.main(argv) == 0, capsys.readouterr()
     printed = capsys.readouterr().out
     assert "ran 2 cells" in printed, printed
     assert time.time() - started < 600
@@ -233,7 +235,7 @@ def test_quick_network_grid(tmp_path, capsys):
     for rtt in netexp.QUICK_RTTS_MS:
         assert f"| gepo | {rtt} | 1 |" in md
     assert "**Per sampler**" in md
-    for name in [*experiment.PLOTS.values(), netexp.LAG_PLOT]:
+    for name in [*grid.PLOTS.values(), netexp.LAG_PLOT]:
         png = out / name
         assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
 
@@ -245,5 +247,5 @@ def test_quick_network_grid(tmp_path, capsys):
     assert all(x["exited_early"] is None for x in top["samplers"])
 
     # resuming: nothing is redone
-    assert experiment.main(argv) == 0
+    assert cli.main(argv) == 0
     assert "ran 0 cells" in capsys.readouterr().out

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from p2prl import cli
 from p2prl.experiments import latency as experiment
-from p2prl.experiments.latency import ALGOS, QUICK_DELAYS, Cell, check_targets, summarize_metrics
+from p2prl.experiments.grid import ALGOS, PLOTS, summarize_metrics
+from p2prl.experiments.latency import QUICK_DELAYS, Cell, check_targets
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "latency.toml")
@@ -18,8 +20,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def _quick(out: Path, jobs: int) -> int:
-    return experiment.main(["latency", "--quick", "--config", CONFIG, "--out", str(out), "--jobs", str(jobs),
-                            "--no-progress"])
+    return cli.main(["experiment", "latency", "--quick", "--config", CONFIG, "--out", str(out), "--jobs", str(jobs),
+                     "--no-progress"])
 
 
 def test_quick_grid_reports_every_cell_and_resumes(tmp_path, capsys):
@@ -53,7 +55,7 @@ def test_quick_grid_reports_every_cell_and_resumes(tmp_path, capsys):
     # per-cell CSV and the plots
     with (out / "cells.csv").open() as f:
         assert len(list(csv.DictReader(f))) == 6
-    for name in experiment.PLOTS.values():
+    for name in PLOTS.values():
         png = out / name
         assert png.stat().st_size > 1000 and png.read_bytes()[:8] == PNG_MAGIC
 
@@ -78,8 +80,8 @@ def test_quick_grid_reports_every_cell_and_resumes(tmp_path, capsys):
 def test_changed_config_reruns_the_cell(tmp_path):
     """A marker written under another config does not count as finished."""
     cell = Cell("gepo", 4, 0)
-    args = experiment.build_parser().parse_args(["latency", "--quick", "--config", CONFIG, "--algos", "gepo",
-                                                 "--delays", "4"])
+    args = cli.build_parser().parse_args(["experiment", "latency", "--quick", "--config", CONFIG, "--algos", "gepo",
+                                          "--delays", "4"])
     experiment.resolve_defaults(args)
     (planned_cell, dump), = experiment.plan_cells(args, tmp_path)
     assert planned_cell == cell

@@ -1,0 +1,100 @@
+"""Child processes, each in its own session (process group), stopped by group.
+
+A peer starts helpers of its own (hivemind's p2pd daemon); signalling the whole group
+stops them with it, and a final SIGKILL to the group removes whatever outlived the
+grace period, so no child is left behind. Used by ``p2prl swarm up``, the network
+experiment and the tests' swarm helper.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def cli_command(*args: str) -> list[str]:
+    """The command line of ``p2prl <args>`` with this interpreter."""
+    return [sys.executable, "-m", "p2prl.cli", *args]
+
+
+def signal_group(p: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to ``p``'s process group; nothing when the group is gone."""
+    try:
+        os.killpg(p.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+class ProcessGroups:
+    """Named children, each started in a new session and logging to ``<logs>/<name>.log``.
+
+    ``append`` keeps what an earlier child of the same name logged; ``cwd`` is where the
+    children run; ``grace_s`` is how long ``stop`` waits between SIGTERM and SIGKILL.
+    """
+
+    def __init__(self, logs: Path, *, grace_s: float = 10.0, append: bool = False, cwd: Path | None = None):
+        self.logs = logs
+        self.grace_s = grace_s
+        self.append = append
+        self.cwd = cwd
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def spawn(self, name: str, cmd: list[str], *, log: bool = True) -> subprocess.Popen:
+        """Start ``cmd`` as child ``name``; stdout and stderr go to its log (``log=False``: to ours)."""
+        if not log:
+            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
+        else:
+            with (self.logs / f"{name}.log").open("ab" if self.append else "wb") as out:
+                p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, cwd=self.cwd)
+        self.procs[name] = p
+        return p
+
+    def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
+        signal_group(self.procs[name], sig)
+
+    def stop_one(self, name: str, grace_s: float) -> int:
+        """SIGTERM child ``name``'s group, wait up to ``grace_s`` for it, then SIGKILL the group (what the
+        child left behind). Returns its exit code; raises ``subprocess.TimeoutExpired`` when it outlived
+        the grace period."""
+        self.signal(name, signal.SIGTERM)
+        try:
+            return self.procs[name].wait(timeout=grace_s)
+        finally:
+            self.signal(name, signal.SIGKILL)
+
+    def stop(self, names: list[str] | None = None, grace_s: float | None = None) -> None:
+        """SIGTERM the groups of ``names`` (default: every child) at once, give them ``grace_s`` (default
+        ``self.grace_s``) in all, SIGKILL each group, and reap the children."""
+        grace_s = self.grace_s if grace_s is None else grace_s
+        procs = [self.procs[n] for n in (list(self.procs) if names is None else names) if n in self.procs]
+        for p in procs:
+            signal_group(p, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        for p in procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            signal_group(p, signal.SIGKILL)
+        for p in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:
+    """The text of ``path`` once ``proc`` has written something there; raises if it exits or times out first."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if path.exists() and path.read_text().strip():
+            return path.read_text()
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}; see its log")
+        time.sleep(0.1)
+    raise TimeoutError(f"{what} did not start within {timeout_s:.0f} s")
