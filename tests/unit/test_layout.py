@@ -1,0 +1,177 @@
+"""The package's import structure, read from the source with ``ast`` (nothing is imported).
+
+* No import cycle among p2prl modules. Only imports that run when a module is imported
+  count: those at module level and in class bodies, including under module-level ``if`` /
+  ``try``, but not those inside functions (lazy imports, which keep torch and hivemind out
+  of ``p2prl --help``) nor under ``if TYPE_CHECKING:``.
+* No module uses another module's private (underscore-prefixed) name, whether imported
+  (``from p2prl.x import _name``, lazy imports included) or reached through a module
+  (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "p2prl"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, tuple[Path, ast.Module]]:
+    return {_module_name(p): (p, ast.parse(p.read_text(), filename=str(p))) for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+MODULES = _modules()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _absolute(module: str, node: ast.ImportFrom) -> str:
+    """The absolute module an ``ImportFrom`` reads from (relative imports resolved against ``module``)."""
+    if not node.level:
+        return node.module or ""
+    is_package = MODULES[module][0].name == "__init__.py"
+    base = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+    return ".".join([*base, *([node.module] if node.module else [])])
+
+
+def _import_time_nodes(tree: ast.AST):
+    """The nodes that run when the module is imported: not function bodies, not ``if TYPE_CHECKING:``."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            yield from (n for stmt in child.orelse for n in [stmt, *_import_time_nodes(stmt)])
+            continue
+        yield child
+        yield from _import_time_nodes(child)
+
+
+def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
+    """The p2prl modules an import statement loads explicitly."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names if a.name in MODULES]
+    source = _absolute(module, node)
+    if source not in MODULES:
+        return []
+    subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in MODULES]
+    plain = [a for a in node.names if f"{source}.{a.name}" not in MODULES]
+    return subs + ([source] if plain else [])
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph = {}
+    for name, (_, tree) in MODULES.items():
+        graph[name] = {t for n in _import_time_nodes(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                       for t in _targets(name, n) if t != name}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle per strongly connected component of more than one module (Tarjan), as a path."""
+    index, low, stack, on_stack, sccs = {}, {}, [], set(), []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            scc = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                scc.append(w)
+                if w == v:
+                    break
+            if len(scc) > 1:
+                sccs.append(set(scc))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    cycles = []
+    for scc in sccs:  # a shortest path from the component's first module back to itself
+        start = min(scc)
+        paths, seen = [[start]], {start}
+        while paths:
+            path = paths.pop(0)
+            nxt = sorted(w for w in graph[path[-1]] if w in scc)
+            if start in nxt:
+                cycles.append([*path, start])
+                break
+            for w in nxt:
+                if w not in seen:
+                    seen.add(w)
+                    paths.append([*path, w])
+    return cycles
+
+
+def private_uses() -> list[str]:
+    """``module:line: what`` for every use of another p2prl module's private name."""
+    found = []
+    for name, (path, tree) in MODULES.items():
+        aliases = {}  # local name -> the p2prl module it is bound to
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name in MODULES:
+                        aliases[a.asname or a.name] = a.name
+            elif isinstance(node, ast.ImportFrom):
+                source = _absolute(name, node)
+                if source not in MODULES:
+                    continue
+                for a in node.names:
+                    if f"{source}.{a.name}" in MODULES:
+                        aliases[a.asname or a.name] = f"{source}.{a.name}"
+                    if _private(a.name) and source != name:
+                        found.append(f"{name}:{node.lineno}: imports {a.name} from {source}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                    and aliases.get(node.value.id, name) != name):
+                found.append(f"{name}:{node.lineno}: uses {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def test_the_checks_see_the_package():
+    assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.launch.procs", "p2prl.algo"} <= set(MODULES)
+    graph = import_graph()
+    assert "p2prl.experiments.grid" in graph["p2prl.experiments.latency"]
+    assert "p2prl.launch.procs" in graph["p2prl.launch.local"]
+
+
+def test_the_checks_can_fail():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+    tree = ast.parse("import p2prl.config as c\nfrom p2prl.launch.procs import _x\nc._y\n")
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
+    try:
+        assert sorted(u for u in private_uses() if u.startswith("p2prl._layout_probe")) == [
+            "p2prl._layout_probe:2: imports _x from p2prl.launch.procs",
+            "p2prl._layout_probe:3: uses p2prl.config._y",
+        ]
+    finally:
+        del MODULES["p2prl._layout_probe"]
+
+
+def test_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles among p2prl modules:\n  " + "\n  ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_uses_another_modules_private_names():
+    found = private_uses()
+    assert not found, "private names used across p2prl modules:\n  " + "\n  ".join(found)
