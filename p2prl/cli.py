@@ -197,8 +197,9 @@ def _add_network_args(p: argparse.ArgumentParser) -> None:
                    help="127.0.0.1 only, relay / NAT probing / IPFS off (local swarms and tests)")
 
 
-def _load_config(args: argparse.Namespace):
-    from p2prl.config import load_config
+def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
+    """The config of files, overrides and flags; with ``writes_out_dir``, train.out_dir is checked to be writable."""
+    from p2prl.config import load_config, writable_dir
 
     # `--initial-peers A B train.steps=5`: argparse hands the override to the list flag; move it back
     overrides = list(getattr(args, "overrides", []))
@@ -221,11 +222,13 @@ def _load_config(args: argparse.Namespace):
     for (section, field), value in flags.items():
         if value is not None:
             setattr(getattr(cfg, section), field, value)
+    if writes_out_dir:
+        writable_dir(cfg.train.out_dir, "train.out_dir")
     return cfg
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    cfg = _load_config(args)
+    cfg = _load_config(args, writes_out_dir=True)
     from p2prl.train import train
 
     summary = train(cfg, fresh=args.fresh, progress=not args.no_progress)
@@ -244,7 +247,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
 
 
 def _cmd_join(args: argparse.Namespace) -> int:
-    cfg = _load_config(args)
+    cfg = _load_config(args, writes_out_dir=args.role == "learner")
     from p2prl.log import setup_logging
 
     from p2prl.swarm.dht import stop_on_signals
@@ -290,7 +293,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
 
 
 def _cmd_swarm(args: argparse.Namespace) -> int:
-    cfg = _load_config(args)
+    cfg = _load_config(args, writes_out_dir=True)
     from p2prl.launch.local import swarm_up
 
     if args.samplers < 1 or args.learners < 1:

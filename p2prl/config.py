@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -157,6 +157,13 @@ class Config(_Section):
     rounds: RoundsConfig = RoundsConfig()
     testing: TestingConfig = TestingConfig()
 
+    @model_validator(mode="after")
+    def _groups_can_learn(self) -> Config:
+        if self.sampling.group_size < 2:
+            raise ValueError(f"sampling.group_size=1 with algo.name={self.algo.name!r}: group-relative advantages "
+                             "(reward minus the group mean) are always zero, so nothing would be learned; use at least 2")
+        return self
+
     def run_identity(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed."""
         return {k: getattr(self, k).model_dump() for k in ("model", "task", "sampling", "algo")}
@@ -188,7 +195,8 @@ def _format(err: ValidationError) -> str:
     for e in err.errors():
         key = ".".join(str(x) for x in e["loc"])
         msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
-        lines.append(f"  {key}: {msg}")
+        msg = msg.removeprefix("Value error, ")
+        lines.append(f"  {key}: {msg}" if key else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 
@@ -212,3 +220,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         return Config.model_validate(tree)
     except ValidationError as e:
         raise ConfigError(_format(e)) from None
+
+
+def writable_dir(path: str | Path, key: str) -> Path:
+    """Create ``path`` if needed and check that files can be written in it; ConfigError naming ``key`` otherwise."""
+    p = Path(path).expanduser()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".p2prl-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"{key}={str(path)!r} is not a writable folder: {e.strerror or e}") from None
+    return p
+

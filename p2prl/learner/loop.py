@@ -46,6 +46,8 @@ from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PolicyRecord, key, new_record
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
 from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.runconfig import check as check_run_config
+from p2prl.swarm.runconfig import run_config
 from p2prl.tasks import make_task
 from p2prl.rollout.verify import Verifier
 from p2prl.policy.weights import serialize_weights
@@ -341,6 +343,7 @@ class Learner:
         self.node.announce(new_record("learner", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput, queue_depth=depth))
         self.node.publish_policy(self.latest)
+        self.node.publish_run_config(self.run_config)
         now, me = time.time(), self.node.peer_id
         with self.lock:
             for r in self.node.peers("learner"):
@@ -431,6 +434,9 @@ class Learner:
 
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
         t = self.cfg.train
+        self.run_config = run_config(self.cfg, self.task)
+        others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
+        check_run_config(others, self.run_config, "learner", self.cfg.net.run_id)  # refused before it serves anything
         self.node.serve("rollout", self.on_rollout)
         self.node.serve("acks", self.on_acks)
         self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))

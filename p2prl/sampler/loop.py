@@ -26,6 +26,8 @@ from p2prl.sampler.core import SamplerCore
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.runconfig import check as check_run_config
+from p2prl.swarm.runconfig import run_config
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.sampler.core")
@@ -205,8 +207,9 @@ class Sampler:
         if not self.cfg.net.client_mode:
             self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
         self.heartbeat()
-        wait_until(lambda: self.node.peers("learner") and self.node.latest_policy(),
+        wait_until(lambda: self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs(),
                    f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop)
+        check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)

@@ -154,3 +154,22 @@ class PolicyRecord(_Record):
     def rank(self) -> tuple:
         """Order of competing records: newest version, then most samples, then the smaller hash."""
         return (self.version, self.weight, tuple(-ord(c) for c in self.sha256))
+
+
+Scalar = int | float | str | bool | None
+
+
+class RunConfigRecord(_Record):
+    """What every peer of a run must agree on, published by learners: ``key(run_id, "config")``, subkey = learner.
+
+    ``model``: sha256 of the base model folder; ``task``: the task's fingerprint (name, settings,
+    data hash); the rest are config sections, flat maps of scalars.
+    """
+
+    MAX_BYTES: ClassVar[int] = 16384
+    model: str = Field(pattern=r"^[0-9a-f]{64}$")
+    task: str = Field(max_length=1024)
+    sampling: dict[str, Scalar] = Field(max_length=64)
+    algo: dict[str, Scalar] = Field(max_length=64)
+    optim: dict[str, Scalar] = Field(max_length=64)
+

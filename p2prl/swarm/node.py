@@ -17,7 +17,7 @@ import time
 from typing import Awaitable, Callable
 
 from p2prl.config import NetConfig
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, shutdown_dht, start_dht
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, key, shutdown_dht, start_dht
 
 log = logging.getLogger("p2prl.node")
 
@@ -162,6 +162,14 @@ class SwarmNode:
         recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
         recs = [(p, r) for p, r in recs if r is not None]
         return max(recs, key=lambda pr: pr[1].rank()) if recs else None
+
+    def publish_run_config(self, rec: RunConfigRecord) -> None:
+        self._store(key(self.cfg.run_id, "config"), self.peer_id, rec.encode(), self.ttl)
+
+    def run_configs(self) -> dict[str, RunConfigRecord]:
+        """The run configs that live learners publish (publisher -> record); invalid ones are left out."""
+        recs = {p: RunConfigRecord.decode(v) for p, v in self._get_dict(key(self.cfg.run_id, "config")).items()}
+        return {p: r for p, r in recs.items() if r is not None}
 
     def holders(self, rec: PolicyRecord) -> list[str]:
         """Peers announcing that they hold exactly this version and hash."""

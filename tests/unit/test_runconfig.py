@@ -1,0 +1,72 @@
+"""The run's config: fingerprints, differences and the checks at join (no network)."""
+
+import shutil
+
+import pytest
+
+from p2prl.config import Config, ConfigError, load_config, writable_dir
+from p2prl.policy.model import BUILTIN_MODEL
+from p2prl.swarm.dht import RunConfigRecord
+from p2prl.swarm.runconfig import RunConfigMismatch, check, model_hash, run_config
+from p2prl.tasks import make_task
+
+
+def config(*overrides: str) -> Config:
+    return load_config(None, list(overrides))
+
+
+def record(*overrides: str) -> RunConfigRecord:
+    cfg = config(*overrides)
+    return run_config(cfg, make_task(cfg.task))
+
+
+def test_model_hash_follows_the_files(tmp_path):
+    copy = tmp_path / "model"
+    shutil.copytree(BUILTIN_MODEL, copy)
+    assert model_hash(str(copy)) == model_hash("builtin")
+    (copy / "generation_config.json").write_text("{}")  # decoding defaults do not count
+    assert model_hash(str(copy)) == model_hash("builtin")
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert model_hash(str(copy)) != model_hash("builtin")
+
+
+def test_record_round_trips_through_its_wire_form():
+    rec = record()
+    assert RunConfigRecord.decode(rec.encode()) == rec
+    assert RunConfigRecord.decode(b"\x00" * 10) is None
+    assert RunConfigRecord.decode(b"x" * (RunConfigRecord.MAX_BYTES + 1)) is None
+
+
+def test_a_sampler_with_another_group_size_is_refused_with_both_values():
+    with pytest.raises(RunConfigMismatch) as e:
+        check({"learner-peer-abcdef": record()}, record("sampling.group_size=4"), "sampler", "r")
+    msg = str(e.value)
+    assert "sampling.group_size: the run has 8, this peer has 4" in msg and "abcdef" in msg
+
+
+def test_samplers_share_model_task_and_sampling_learners_also_algo_and_optim():
+    run = {"l": record()}
+    check(run, record("algo.name=gspo", "train.lr=0.1"), "sampler", "r")  # a sampler does not use them
+    for override, key in [("algo.name=gspo", "algo.name"), ("train.lr=0.1", "optim.lr")]:
+        with pytest.raises(RunConfigMismatch, match=key):
+            check(run, record(override), "learner", "r")
+    with pytest.raises(RunConfigMismatch, match="task: the run has 'addition:digits=2"):
+        check(run, record("task.digits=3"), "sampler", "r")
+    check(run, record(), "learner", "r")
+    check({}, record("sampling.group_size=4"), "sampler", "r")  # no learner yet: nothing to compare
+
+
+def test_group_size_one_is_refused():
+    with pytest.raises(ConfigError, match="group_size=1.*always zero"):
+        config("sampling.group_size=1")
+
+
+def test_unwritable_out_dir_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="train.out_dir='.*file/run' is not a writable folder"):
+        writable_dir(blocker / "run", "train.out_dir")
+    assert writable_dir(tmp_path / "a" / "b", "train.out_dir").is_dir()
