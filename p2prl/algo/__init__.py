@@ -1,4 +1,4 @@
-"""Policy-gradient objectives: GRPO, GSPO and GEPO (see /work/shared/GEPO_SPEC.md).
+"""Policy-gradient objectives: GRPO, GSPO and GEPO (Group Expectation Policy Optimization, arXiv 2508.17850).
 
     from p2prl.algo import group_advantages, grpo_loss, gspo_loss, gepo_loss
 
