@@ -87,7 +87,7 @@ def test_training_ids_cycle_through_the_training_rows(sample):
         sample.problem(-1)
 
 
-def test_prompt_goes_through_the_chat_template_with_the_system_prompt(sample, tmp_path):
+def test_prompt_goes_through_the_chat_template_with_the_system_prompt(sample):
     from p2prl.policy.make_test_model import build_tokenizer
 
     tok = build_tokenizer(1024)
