@@ -29,7 +29,7 @@ class TaskConfig(_Section):
     seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
     heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of problems (by a hash of their id) kept out of training for evaluation.")
-    path: str = Field("", description="math: a local JSONL or Parquet file of problems.")
+    path: str = Field("", description="math: a local JSONL or Parquet file of problems ('builtin' = the shipped sample).")
     question_field: str = Field("question", min_length=1, description="math: the field holding the problem text.")
     answer_field: str = Field("answer", min_length=1, description="math: the field holding the reference answer.")
     id_field: str = Field("", description="math: a field holding a stable problem id (default: the row's text); the held-out split hashes it.")

@@ -12,8 +12,10 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from p2prl.config import ConfigError
 
-class TaskError(ValueError):
+
+class TaskError(ConfigError):
     """A task that cannot be built or rendered (missing file, bad field, no chat template); the message says which."""
 
 
