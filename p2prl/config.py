@@ -59,7 +59,11 @@ class AlgoConfig(_Section):
     scope: Literal["group", "batch"] = Field(
         "group", description="GEPO denominator over one prompt's G completions (paper) or the whole batch (authors' code)."
     )
-    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler (HeteroRL runs: 0.005).")
+    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005).")
+    gepo_variant: Literal["standard", "plus"] = Field(
+        "standard", description="GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own q instead of the group expectation."
+    )
+    plus_k3: float = Field(0.002, ge=0.0, le=10.0, description="k3 threshold of gepo_variant 'plus' (authors' code: 0.002).")
     scale_std: bool | None = Field(
         None, description="Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."
     )
