@@ -93,6 +93,12 @@ class StalenessConfig(_Section):
     max_staleness: int = Field(
         8, ge=0, le=1_000_000, description="Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."
     )
+    rule: Literal["paper", "authors"] = Field(
+        "paper", description="Admission window and pick: 'paper' (window behind the learner's version; newest data when new data "
+        "arrived, else the oldest in the window) or 'authors' (the authors' code: window behind the newest version trained on; "
+        "a version newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is "
+        "more than max_staleness behind the learner)."
+    )
     delay: Literal["none", "fixed", "lognormal"] = Field(
         "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions) or the paper's clipped log-normal."
     )
