@@ -11,7 +11,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Section(BaseModel):
@@ -99,14 +99,32 @@ class StalenessConfig(_Section):
         "a version newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is "
         "more than max_staleness behind the learner)."
     )
-    delay: Literal["none", "fixed", "lognormal"] = Field(
-        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions) or the paper's clipped log-normal."
+    delay: Literal["none", "fixed", "lognormal", "authors", "calibrated"] = Field(
+        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions), the clipped log-normal in versions "
+        "(lognormal), the authors' shifted and clipped log-normal in seconds (authors), or a version-clocked form calibrated to "
+        "the paper's observed lags (calibrated)."
     )
-    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the log-normal's clip (max delay), in versions.")
+    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the max delay of the other forms, in versions.")
     lognormal_median_frac: float = Field(
         0.177, gt=0.0, le=1.0, description="Log-normal median as a share of the max delay (paper: 339 s of 1920 s)."
     )
     lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
+    authors_mu: float = Field(5.827, gt=0.0, le=20.0, description="authors: mu of the log-normal T in log-seconds (median exp(mu) = 339 s).")
+    authors_sigma: float = Field(0.617, gt=0.0, le=5.0, description="authors: sigma of the log-normal T.")
+    authors_shift_s: float = Field(400.0, ge=0.0, le=1e6, description="authors: seconds subtracted from T before clipping.")
+    authors_floor_s: float = Field(60.0, ge=0.0, le=1e6, description="authors: the delay's floor in seconds.")
+    authors_cap_s: float = Field(1920.0, gt=0.0, le=1e6, description="authors: the delay's cap in seconds.")
+    seconds_per_version: float = Field(
+        0.0, ge=0.0, le=1e6, description="authors: seconds of one learner version (0 = authors_cap_s / delay_versions: the cap maps to the max delay)."
+    )
+    calibrated_low_frac: float = Field(0.73, ge=0.0, le=1.0, description="calibrated: a sampler reloads once its data lags u * delay_versions, u uniform from this...")
+    calibrated_high_frac: float = Field(0.9, ge=0.0, le=1.0, description="calibrated: ...to this (defaults: observed lag mean 0.41x, max 0.9x delay_versions, as in the paper).")
+
+    @model_validator(mode="after")
+    def _calibrated_range(self) -> StalenessConfig:
+        if self.calibrated_low_frac > self.calibrated_high_frac:
+            raise ValueError(f"calibrated_low_frac {self.calibrated_low_frac} exceeds calibrated_high_frac {self.calibrated_high_frac}")
+        return self
 
 
 class NetConfig(_Section):
