@@ -59,7 +59,11 @@ class AlgoConfig(_Section):
     scope: Literal["group", "batch"] = Field(
         "group", description="GEPO denominator over one prompt's G completions (paper) or the whole batch (authors' code)."
     )
-    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler (HeteroRL runs: 0.005).")
+    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005).")
+    gepo_variant: Literal["standard", "plus"] = Field(
+        "standard", description="GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own q instead of the group expectation."
+    )
+    plus_k3: float = Field(0.002, ge=0.0, le=10.0, description="k3 threshold of gepo_variant 'plus' (authors' code: 0.002).")
     scale_std: bool | None = Field(
         None, description="Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."
     )
@@ -89,14 +93,38 @@ class StalenessConfig(_Section):
     max_staleness: int = Field(
         8, ge=0, le=1_000_000, description="Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."
     )
-    delay: Literal["none", "fixed", "lognormal"] = Field(
-        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions) or the paper's clipped log-normal."
+    rule: Literal["paper", "authors"] = Field(
+        "paper", description="Admission window and pick: 'paper' (window behind the learner's version; newest data when new data "
+        "arrived, else the oldest in the window) or 'authors' (the authors' code: window behind the newest version trained on; "
+        "a version newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is "
+        "more than max_staleness behind the learner)."
     )
-    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the log-normal's clip (max delay), in versions.")
+    delay: Literal["none", "fixed", "lognormal", "authors", "calibrated"] = Field(
+        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions), the clipped log-normal in versions "
+        "(lognormal), the authors' shifted and clipped log-normal in seconds (authors), or a version-clocked form calibrated to "
+        "the paper's observed lags (calibrated)."
+    )
+    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the max delay of the other forms, in versions.")
     lognormal_median_frac: float = Field(
         0.177, gt=0.0, le=1.0, description="Log-normal median as a share of the max delay (paper: 339 s of 1920 s)."
     )
     lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
+    authors_mu: float = Field(5.827, gt=0.0, le=20.0, description="authors: mu of the log-normal T in log-seconds (median exp(mu) = 339 s).")
+    authors_sigma: float = Field(0.617, gt=0.0, le=5.0, description="authors: sigma of the log-normal T.")
+    authors_shift_s: float = Field(400.0, ge=0.0, le=1e6, description="authors: seconds subtracted from T before clipping.")
+    authors_floor_s: float = Field(60.0, ge=0.0, le=1e6, description="authors: the delay's floor in seconds.")
+    authors_cap_s: float = Field(1920.0, gt=0.0, le=1e6, description="authors: the delay's cap in seconds.")
+    seconds_per_version: float = Field(
+        0.0, ge=0.0, le=1e6, description="authors: seconds of one learner version (0 = authors_cap_s / delay_versions: the cap maps to the max delay)."
+    )
+    calibrated_low_frac: float = Field(0.73, ge=0.0, le=1.0, description="calibrated: a sampler reloads once its data lags u * delay_versions, u uniform from this...")
+    calibrated_high_frac: float = Field(0.9, ge=0.0, le=1.0, description="calibrated: ...to this (defaults: observed lag mean 0.41x, max 0.9x delay_versions, as in the paper).")
+
+    @model_validator(mode="after")
+    def _calibrated_range(self) -> StalenessConfig:
+        if self.calibrated_low_frac > self.calibrated_high_frac:
+            raise ValueError(f"calibrated_low_frac {self.calibrated_low_frac} exceeds calibrated_high_frac {self.calibrated_high_frac}")
+        return self
 
 
 class NetConfig(_Section):

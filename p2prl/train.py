@@ -51,7 +51,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
                           peer_id="sampler0")
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)
-    buffer = AdmissionBuffer(cfg.staleness.max_staleness)
+    buffer = AdmissionBuffer(cfg.staleness.max_staleness, rule=cfg.staleness.rule)
     if state:
         sampler.groups_made = state["groups_made"]
     cursor = state.get("cursor", 0)

@@ -18,6 +18,12 @@ How this departs from the paper (arXiv 2508.17850) and the authors' code:
 - Extra, not in the paper: keyword-only ``estimator="mean"`` in ``gepo_loss``
   uses the arithmetic mean of q_j (unbiased for E_q[q]) instead of the paper's
   biased sum q^2 / sum q, which stays the default.
+- From the authors' code: keyword-only ``beta_kl`` on every loss (the k3 KL
+  toward the sampler, mean over sequences of the per-token mean; their runs
+  add it to GRPO and GSPO too), and ``variant="plus"`` of ``gepo_loss``
+  ("gepo+": a sequence whose k3 is below ``plus_k3`` uses its own q instead of
+  the group expectation). ``loss_kwargs(algo, G)`` builds each loss's keyword
+  arguments from a config section.
 - ``group_advantages`` uses the unbiased (n-1) group std, like TRL's GRPO;
   the spec does not say which. GEPO runs should pass ``scale_std=False``.
 - Inputs below float32 are computed in float32; the loss is a mean over
@@ -32,6 +38,7 @@ from p2prl.algo.losses import (
     gepo_weights,
     grpo_loss,
     gspo_loss,
+    loss_kwargs,
 )
 
 __all__ = [
@@ -42,4 +49,5 @@ __all__ = [
     "group_advantages",
     "grpo_loss",
     "gspo_loss",
+    "loss_kwargs",
 ]

@@ -20,7 +20,13 @@ Common metrics keys:
     kl_k3           mean_i( sum_t(k3*mask)/L_i ), k3 = exp(d) - d - 1,
                     d = logq - logp: k3 estimate of KL(q || p) per token
 GEPO also reports ``log_denom_mean`` (mean of log E_q[q] over rows) and
-``seq_ratio_mean`` / ``seq_ratio_var`` (GSPO's s_i = p_i/q_i, for comparison).
+``seq_ratio_mean`` / ``seq_ratio_var`` (GSPO's s_i = p_i/q_i, for comparison);
+with ``variant="plus"`` also ``plus_own_frac`` (share of rows using their own q).
+
+Every loss takes a keyword-only ``beta_kl``: ``loss = pg_loss + beta_kl * kl_k3``
+(the k3 term with gradient; the HeteroRL runs add it to every objective with
+0.005). ``loss_kwargs(algo, group_size)`` builds the keyword arguments of
+``LOSSES[algo.name]`` from a config section.
 
 Numerics: inputs in a precision below float32 are upcast to float32; all
 sequence quantities are length-normalised sums in log space, so 4096-token
@@ -39,6 +45,7 @@ from p2prl.algo.advantages import check_group_size
 
 SCOPES = ("group", "batch")
 ESTIMATORS = ("paper", "mean")
+VARIANTS = ("standard", "plus")
 
 
 # ----------------------------------------------------------------------------
@@ -155,6 +162,16 @@ def _k3_per_seq(b: _Batch) -> Tensor:
     return _seq_mean(k3, b)  # (B,)
 
 
+def _check_beta_kl(beta_kl: float) -> None:
+    if not beta_kl >= 0:
+        raise ValueError(f"beta_kl must be >= 0, got {beta_kl}")
+
+
+def _with_kl(pg_loss: Tensor, b: _Batch, beta_kl: float) -> Tensor:
+    """pg_loss + beta_kl * mean_i( sum_t(k3*mask)/L_i ), k3 with gradient; beta_kl 0 adds nothing."""
+    return pg_loss + beta_kl * _k3_per_seq(b).mean() if beta_kl > 0 else pg_loss
+
+
 def _clipped_surrogate(
     ratio: Tensor, adv: Tensor, low: float, high: float
 ) -> tuple[Tensor, Tensor]:
@@ -189,22 +206,30 @@ def _metrics(loss: Tensor, pg_loss: Tensor, weights: Tensor, binds: Tensor, b: _
 
 
 def grpo_loss(
-    logp: Tensor, logq: Tensor, mask: Tensor, advantages: Tensor, eps: float = 0.2
+    logp: Tensor,
+    logq: Tensor,
+    mask: Tensor,
+    advantages: Tensor,
+    eps: float = 0.2,
+    *,
+    beta_kl: float = 0.0,
 ) -> tuple[Tensor, dict]:
     """GRPO: token-level ratio with PPO clipping (spec "GRPO").
 
         ratio[i,t] = exp(logp - logq)
         tok = -min(ratio*A_i, clip(ratio, 1-eps, 1+eps)*A_i)
-        loss = mean_i( sum_t(tok*mask)/L_i )
+        loss = mean_i( sum_t(tok*mask)/L_i ) + beta_kl * mean_i( sum_t(k3*mask)/L_i )
 
     Metrics weights are the token ratios over masked tokens; clip_frac counts tokens.
     """
     _check_eps("eps", eps, 1.0)
+    _check_beta_kl(beta_kl)
     b = _prepare(logp, logq, mask, advantages)
     ratio = torch.exp(_token_log_ratio(b))  # (B, T), 1 off-mask
     tok, binds = _clipped_surrogate(ratio, b.adv[:, None], 1 - eps, 1 + eps)  # (B, T)
-    loss = _seq_mean(tok, b).mean()
-    return loss, _metrics(loss, loss, ratio[b.mask], binds[b.mask], b)
+    pg_loss = _seq_mean(tok, b).mean()
+    loss = _with_kl(pg_loss, b, beta_kl)
+    return loss, _metrics(loss, pg_loss, ratio[b.mask], binds[b.mask], b)
 
 
 # ----------------------------------------------------------------------------
@@ -219,21 +244,26 @@ def gspo_loss(
     advantages: Tensor,
     eps_low: float = 3e-4,
     eps_high: float = 4e-4,
+    *,
+    beta_kl: float = 0.0,
 ) -> tuple[Tensor, dict]:
     """GSPO: length-normalised sequence ratio with PPO clipping (spec "GSPO").
 
         s_i = exp( sum_t((logp - logq)*mask) / L_i )
         loss = mean_i( -min(s_i*A_i, clip(s_i, 1-eps_l, 1+eps_h)*A_i) )
+               + beta_kl * mean_i( sum_t(k3*mask)/L_i )
 
     Defaults are the GSPO paper's (3e-4, 4e-4); the HeteroRL runs used 0.2.
     """
     _check_eps("eps_low", eps_low, 1.0)
     _check_eps("eps_high", eps_high)
+    _check_beta_kl(beta_kl)
     b = _prepare(logp, logq, mask, advantages)
     s = torch.exp(_seq_mean(_token_log_ratio(b), b))  # (B,)
     terms, binds = _clipped_surrogate(s, b.adv, 1 - eps_low, 1 + eps_high)  # (B,)
-    loss = terms.mean()
-    return loss, _metrics(loss, loss, s, binds, b)
+    pg_loss = terms.mean()
+    loss = _with_kl(pg_loss, b, beta_kl)
+    return loss, _metrics(loss, pg_loss, s, binds, b)
 
 
 # ----------------------------------------------------------------------------
@@ -241,13 +271,18 @@ def gspo_loss(
 # ----------------------------------------------------------------------------
 
 
-def _check_gepo_options(scope: str, estimator: str, beta_kl: float) -> None:
+def _check_gepo_options(
+    scope: str, estimator: str, beta_kl: float, variant: str = "standard", plus_k3: float = 0.0
+) -> None:
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; expected one of {SCOPES}")
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown estimator {estimator!r}; expected one of {ESTIMATORS}")
-    if not beta_kl >= 0:
-        raise ValueError(f"beta_kl must be >= 0, got {beta_kl}")
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
+    if not plus_k3 >= 0:
+        raise ValueError(f"plus_k3 must be >= 0, got {plus_k3}")
+    _check_beta_kl(beta_kl)
 
 
 def _log_expectation(lq: Tensor, estimator: str) -> Tensor:
@@ -281,12 +316,20 @@ def gepo_log_denominator(
 
 
 def _gepo_log_weights(
-    b: _Batch, group_size: int, scope: str, estimator: str
-) -> tuple[Tensor, Tensor, Tensor]:
-    """(log w_i, lp_i - lq_i, log E_i), each (B,); log w carries grad through lp only."""
+    b: _Batch, group_size: int, scope: str, estimator: str, variant: str, plus_k3: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """(log w_i, lp_i - lq_i, log D_i, own_i), each (B,); log w carries grad through lp only.
+
+    D_i is the group expectation E_{group(i)}; with variant "plus", rows whose per-token
+    mean k3 is below ``plus_k3`` (``own_i``) use their own lq_i instead.
+    """
     lp, lq = _seq_log_probs(b)  # (B,), (B,)
-    log_e = gepo_log_denominator(lq, group_size, scope, estimator)  # (B,)
-    return lp - log_e, lp - lq, log_e
+    log_d = gepo_log_denominator(lq, group_size, scope, estimator)  # (B,)
+    own = torch.zeros_like(lq, dtype=torch.bool)  # (B,)
+    if variant == "plus":
+        own = _k3_per_seq(b).detach() < plus_k3  # (B,)
+        log_d = torch.where(own, lq, log_d)
+    return lp - log_d, lp - lq, log_d, own
 
 
 def gepo_weights(
@@ -297,11 +340,13 @@ def gepo_weights(
     scope: str = "group",
     *,
     estimator: str = "paper",
+    variant: str = "standard",
+    plus_k3: float = 0.002,
 ) -> Tensor:
     """GEPO weights w_i = exp(lp_i - log E_{group(i)}), (B,), differentiable in logp."""
-    _check_gepo_options(scope, estimator, 0.0)
+    _check_gepo_options(scope, estimator, 0.0, variant, plus_k3)
     b = _prepare(logp, logq, mask, None, group_size)
-    return torch.exp(_gepo_log_weights(b, group_size, scope, estimator)[0])
+    return torch.exp(_gepo_log_weights(b, group_size, scope, estimator, variant, plus_k3)[0])
 
 
 def gepo_loss(
@@ -315,6 +360,8 @@ def gepo_loss(
     beta_kl: float = 0.0,
     *,
     estimator: str = "paper",
+    variant: str = "standard",
+    plus_k3: float = 0.002,
 ) -> tuple[Tensor, dict]:
     """GEPO: group-expectation importance weight with PPO clipping (spec "GEPO").
 
@@ -335,23 +382,47 @@ def gepo_loss(
         estimator: keyword-only, not in the paper. "paper" is sum q^2/sum q;
             "mean" is the arithmetic mean of q_j (the unbiased E_q[q] estimate
             for j ~ q).
+        variant: keyword-only. "standard" is the formula above; "plus" (the
+            authors' code, "gepo+") lets a row whose per-token mean k3 is below
+            ``plus_k3`` use its own lq_i instead of log E_{group(i)} (GSPO's
+            ratio for sequences the learner barely moved from the sampler).
     """
     _check_eps("eps", eps, 1.0)
-    _check_gepo_options(scope, estimator, beta_kl)
+    _check_gepo_options(scope, estimator, beta_kl, variant, plus_k3)
     b = _prepare(logp, logq, mask, advantages, group_size)
-    log_w, log_s, log_e = _gepo_log_weights(b, group_size, scope, estimator)  # (B,) each
+    log_w, log_s, log_d, own = _gepo_log_weights(b, group_size, scope, estimator, variant, plus_k3)  # (B,) each
     w = torch.exp(log_w)  # (B,)
     terms, binds = _clipped_surrogate(w, b.adv, 1 - eps, 1 + eps)  # (B,)
     pg_loss = terms.mean()
-    loss = pg_loss + beta_kl * _k3_per_seq(b).mean() if beta_kl > 0 else pg_loss
+    loss = _with_kl(pg_loss, b, beta_kl)
     metrics = _metrics(loss, pg_loss, w, binds, b)
     s = torch.exp(log_s.detach())  # (B,)
     metrics.update(
-        log_denom_mean=float(log_e.mean()),
+        log_denom_mean=float(log_d.mean()),
         seq_ratio_mean=float(s.mean()),
         seq_ratio_var=float(s.var(unbiased=False)),
     )
+    if variant == "plus":
+        metrics["plus_own_frac"] = float(own.float().mean())
     return loss, metrics
 
 
 LOSSES = {"grpo": grpo_loss, "gspo": gspo_loss, "gepo": gepo_loss}
+
+# The keyword arguments of each objective, from a config section (read by attribute).
+_KWARGS = {
+    "grpo": lambda a, G: {"eps": a.eps},
+    "gspo": lambda a, G: {"eps_low": a.gspo_eps_low, "eps_high": a.gspo_eps_high},
+    "gepo": lambda a, G: {"group_size": G, "eps": a.eps, "scope": a.scope,
+                          "variant": a.gepo_variant, "plus_k3": a.plus_k3},
+}
+
+
+def loss_kwargs(algo, group_size: int) -> dict:
+    """Keyword arguments of ``LOSSES[algo.name]`` for an object with the fields of the
+    ``algo`` config section (``name``, ``eps``, ``gspo_eps_low``, ``gspo_eps_high``,
+    ``scope``, ``gepo_variant``, ``plus_k3``, ``beta_kl``); ``beta_kl`` goes to every
+    objective. ``group_size``: G, the completions per prompt in the batch."""
+    if algo.name not in _KWARGS:
+        raise ValueError(f"unknown objective {algo.name!r}; expected one of {tuple(LOSSES)}")
+    return {**_KWARGS[algo.name](algo, group_size), "beta_kl": algo.beta_kl}

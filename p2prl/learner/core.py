@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from p2prl.algo import LOSSES, group_advantages
+from p2prl.algo import LOSSES, group_advantages, loss_kwargs
 from p2prl.learner.checkpoint import load_optimizer, read_state
 from p2prl.config import Config
 from p2prl.policy import Policy, load_policy, sequence_logprobs
@@ -61,12 +61,7 @@ class LearnerCore:
         )  # (B, T)
         adv = group_advantages(batch["rewards"], G, a.std_scaling)  # (B,)
         args = (logp, batch["logq"], batch["mask"], adv)
-        if a.name == "gepo":
-            loss, m = LOSSES["gepo"](*args, group_size=G, eps=a.eps, scope=a.scope, beta_kl=a.beta_kl)
-        elif a.name == "gspo":
-            loss, m = LOSSES["gspo"](*args, eps_low=a.gspo_eps_low, eps_high=a.gspo_eps_high)
-        else:
-            loss, m = LOSSES["grpo"](*args, eps=a.eps)
+        loss, m = LOSSES[a.name](*args, **loss_kwargs(a, G))
         m = {f"loss/{k}": v for k, v in m.items()}
         m["rollout/reward"] = float(batch["rewards"].mean())
         m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))

@@ -72,7 +72,7 @@ class Learner:
                                  cfg.net.run_id, s.group_size, s.max_new_tokens)
         self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
         self.lock = threading.Condition()
-        self.buffer = AdmissionBuffer(cfg.staleness.max_staleness, on_drop=self._dropped)
+        self.buffer = AdmissionBuffer(cfg.staleness.max_staleness, on_drop=self._dropped, rule=cfg.staleness.rule)
         self.states: dict[str, str] = {gid: "trained" for gid in state.get("trained", [])}
         self.buffer.seen.update(self.states)
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)

@@ -23,6 +23,7 @@ from p2prl.algo import (
     group_advantages,
     grpo_loss,
     gspo_loss,
+    loss_kwargs,
 )
 
 NAN = float("nan")
@@ -545,3 +546,130 @@ def test_figure2_gepo_weight_variance_shrinks_relative_to_gspo_grpo_as_kl_grows(
     # and the advantage grows with KL
     assert increasing([s - e for s, e in zip(v_gspo, v_gepo)])
     assert increasing([r - e for r, e in zip(v_grpo, v_gepo)])
+
+
+# ----------------------------------------------------------------------------
+# beta_kl on every objective, GEPO+ and loss_kwargs (the authors' code)
+# ----------------------------------------------------------------------------
+
+BETA = 0.005
+
+
+def test_grpo_kl_penalty_hand_numbers_and_gradient():
+    logp, logq, mask, adv = grpo_case()
+    loss, m = grpo_loss(logp, logq, mask, adv, eps=0.2, beta_kl=BETA)
+    kl = ((k3(1.1) + k3(1.5)) / 2 + (k3(0.5) + k3(0.9) + k3(1.3)) / 3) / 2
+    assert_close(loss, torch.tensor(-0.075 + BETA * kl, dtype=F64))
+    close(m["pg_loss"], -0.075)
+    close(m["loss"], -0.075 + BETA * kl)
+    loss.backward()
+    # pg part as in test_grpo_hand_numbers; kl part: d k3/d logp = 1 - q/p, weighted beta/(B L_i)
+    pg = t64([[-0.5 * 0.5 * 1.1, 0.0, 0.0], [0.0, 0.5 / 3 * 0.9, 0.5 / 3 * 1.3]])
+    kl_grad = t64([[(1 - 1 / 1.1) / 4, (1 - 1 / 1.5) / 4, 0.0],
+                   [(1 - 1 / 0.5) / 6, (1 - 1 / 0.9) / 6, (1 - 1 / 1.3) / 6]])
+    assert_close(logp.grad, pg + BETA * kl_grad)
+
+
+def test_gspo_kl_penalty_hand_numbers():
+    logp, logq, mask, adv = gspo_case()
+    loss, m = gspo_loss(logp, logq, mask, adv, eps_low=0.2, eps_high=0.2, beta_kl=BETA)
+    kl = ((k3(2.0002) + k3(0.50005)) / 2 + k3(1.0005) + k3(0.9995)) / 3
+    assert_close(loss, torch.tensor(-0.0011 / 3 + BETA * kl, dtype=F64))
+    close(m["pg_loss"], -0.0011 / 3)
+    loss.backward()
+    # pg part (nothing clipped): -(1/3) A_i s_i / L_i; kl part beta (1 - q/p) / (3 L_i)
+    pg = t64([[-1.0001 / 6] * 2 + [0.0], [-0.5 * 1.0005 / 9] * 3, [1.5 * 0.9995 / 3, 0.0, 0.0]])
+    kl_grad = t64([[(1 - 1 / 2.0002) / 6, (1 - 1 / 0.50005) / 6, 0.0],
+                   [(1 - 1 / 1.0005) / 9] * 3, [(1 - 1 / 0.9995) / 3, 0.0, 0.0]])
+    assert_close(logp.grad, pg + BETA * kl_grad)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo"])
+def test_kl_penalty_rejects_negative_beta(name):
+    g = good()
+    with pytest.raises(ValueError, match=r"beta_kl must be >= 0"):
+        LOSSES[name](g["logp"], g["logq"], g["mask"], g["advantages"], beta_kl=-0.1)
+
+
+def gepo_plus_case():
+    """One token per row (and a NaN pad): q = [.5, .25 | .1, .1], p = [.51, .3 | .13, .1].
+
+    Token ratios p/q = [1.02, 1.2, 1.3, 1.0]; k3 = 1/r + ln r - 1:
+    1.02 -> 0.000195 (< .002), 1.2 -> 0.0157, 1.3 -> 0.0316, 1.0 -> 0 (< .002).
+    """
+    logq = t64([[ln(0.5), 0.0], [ln(0.25), 0.0], [ln(0.1), 0.0], [ln(0.1), 0.0]])
+    logp = t64([[ln(0.51), NAN], [ln(0.3), NAN], [ln(0.13), NAN], [ln(0.1), NAN]])
+    mask = torch.tensor([[1, 0]] * 4, dtype=torch.bool)
+    return logp.requires_grad_(), logq, mask, t64([0.5, -0.5, -0.5, 0.5])
+
+
+def test_gepo_plus_hand_numbers_and_gradient():
+    logp, logq, mask, adv = gepo_plus_case()
+    assert k3(1.02) < 0.002 < k3(1.2)
+    # standard: E = [5/12, 5/12 | .1, .1] -> w = [1.224, .72, 1.3, 1.0]
+    # plus: rows 0 and 3 use their own q -> w = [.51/.5, .72, 1.3, .1/.1] = [1.02, .72, 1.3, 1.0]
+    assert_close(gepo_weights(logp, logq, mask, 2), t64([1.224, 0.72, 1.3, 1.0]))
+    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus"), t64([1.02, 0.72, 1.3, 1.0]))
+    loss, m = gepo_loss(logp, logq, mask, adv, group_size=2, variant="plus", plus_k3=0.002)
+    # row 0: 1.02 * .5 -> -.51; row 1: .72 < .8, A<0 -> clipped +.4; row 2: +.65; row 3: -.5
+    # loss = (-.51 + .4 + .65 - .5)/4 = .01
+    assert_close(loss, torch.tensor(0.01, dtype=F64))
+    close(m["plus_own_frac"], 0.5)
+    close(m["clip_frac"], 0.25)
+    close(m["log_denom_mean"], (ln(0.5) + ln(5 / 12) + 2 * ln(0.1)) / 4)
+    loss.backward()
+    # d/d logp = -(1/B) A_i w_i where unclipped: [-.5*1.02, 0, +.5*1.3, -.5*1.0]/4
+    assert_close(logp.grad, t64([[-0.1275, 0.0], [0.0, 0.0], [0.1625, 0.0], [-0.125, 0.0]]))
+    # the standard variant clips row 0 (1.224 > 1.2): (-.6 + .4 + .65 - .5)/4 = -.0125
+    standard, m0 = gepo_loss(logp, logq, mask, adv, group_size=2)
+    assert_close(standard, torch.tensor(-0.0125, dtype=F64))
+    assert "plus_own_frac" not in m0
+
+
+def test_gepo_plus_threshold_limits():
+    logp, logq, mask, adv = gepo_plus_case()
+    # threshold 0: no k3 is below it (row 3's is exactly 0): the standard weights
+    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus", plus_k3=0.0), t64([1.224, 0.72, 1.3, 1.0]))
+    # a threshold above every k3: each row its own q, i.e. GSPO's sequence ratios
+    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus", plus_k3=1.0), t64([1.02, 1.2, 1.3, 1.0]))
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [({"variant": "minus"}, r"unknown variant 'minus'"), ({"plus_k3": -1.0}, r"plus_k3 must be >= 0")],
+)
+def test_gepo_plus_option_errors(kw, match):
+    g = good()
+    with pytest.raises(ValueError, match=match):
+        gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], 2, **{"variant": "plus", **kw})
+
+
+def algo_section(name, **kw):
+    from types import SimpleNamespace
+
+    fields = dict(name=name, eps=0.3, gspo_eps_low=0.1, gspo_eps_high=0.15, scope="batch",
+                  gepo_variant="plus", plus_k3=0.01, beta_kl=0.005)
+    return SimpleNamespace(**{**fields, **kw})
+
+
+def test_loss_kwargs_per_objective():
+    assert loss_kwargs(algo_section("grpo"), 4) == {"eps": 0.3, "beta_kl": 0.005}
+    assert loss_kwargs(algo_section("gspo"), 4) == {"eps_low": 0.1, "eps_high": 0.15, "beta_kl": 0.005}
+    assert loss_kwargs(algo_section("gepo"), 4) == {
+        "group_size": 4, "eps": 0.3, "scope": "batch", "variant": "plus", "plus_k3": 0.01, "beta_kl": 0.005,
+    }
+    with pytest.raises(ValueError, match=r"unknown objective 'ppo'"):
+        loss_kwargs(algo_section("ppo"), 4)
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
+def test_loss_kwargs_drive_each_loss_with_the_config_section(name):
+    from p2prl.config import AlgoConfig
+
+    logp, logq, mask, adv = random_batch(8, 5, seed=3, spread=0.5, dtype=F64)
+    a = AlgoConfig(name=name, beta_kl=0.005, scope="batch", gepo_variant="plus")
+    loss, m = LOSSES[name](logp, logq, mask, adv, **loss_kwargs(a, 4))
+    close(m["loss"], m["pg_loss"] + 0.005 * m["kl_k3"])  # the KL reaches every objective
+    a0 = AlgoConfig(name=name)
+    _, m0 = LOSSES[name](logp, logq, mask, adv, **loss_kwargs(a0, 4))
+    close(m0["loss"], m0["pg_loss"])  # default: no KL term

@@ -152,3 +152,107 @@ def test_requeued_first_groups_outlive_the_window(tok):
     assert buf.counts["dropped_stale"] == 1 and buf.select(1, 20) is None
     buf.forget_trained({"rebased"})  # trained at last: an ordinary group again
     assert not buf.retrain
+
+
+# ---- the authors' admission rule (window behind the newest version trained on) -----------------
+
+
+def add_versions(buf, tok, learner_version, *versions, prefix="g"):
+    task = AdditionTask()
+    for i, v in enumerate(versions):
+        buf.add(make_group(tok, task, version=v, gid=f"{prefix}{v}_{i}"), learner_version)
+
+
+def picked(buf, n, learner_version):
+    batch = buf.select(n, learner_version)
+    return None if batch is None else [g.policy_version for g in batch]
+
+
+@pytest.mark.parametrize("rule, pick, dropped", [("paper", 10, 1), ("authors", 5, 0)])
+def test_rules_differ_far_behind_the_learner(tok, rule, pick, dropped):
+    # v5, v10, v15 wait; v20 arrives and is trained; the learner is at v40 (window 32)
+    buf = AdmissionBuffer(max_staleness=32, rule=rule)
+    add_versions(buf, tok, 20, 5, 10, 15, 20)
+    assert picked(buf, 1, 20) == [20]
+    # paper: v5 is 35 behind v40 and dropped; nothing new since the last pick: the oldest left (v10)
+    # authors: window behind the newest trained (20 - 32 = -12): the earliest arrived (v5)
+    assert picked(buf, 1, 40) == [pick]
+    assert buf.counts["dropped_stale"] == dropped
+
+
+@pytest.mark.parametrize("rule, pick", [("paper", 28), ("authors", 25)])
+def test_rules_differ_on_data_older_than_the_newest_trained(tok, rule, pick):
+    buf = AdmissionBuffer(max_staleness=32, rule=rule)
+    add_versions(buf, tok, 30, 30)
+    assert picked(buf, 1, 30) == [30]
+    add_versions(buf, tok, 31, 25, 28)  # v25 queued, then v28 arrives
+    # paper: new data arrived, newest first; authors: nothing newer than v30, earliest arrived
+    assert picked(buf, 1, 31) == [pick]
+
+
+def test_authors_rule_waits_while_the_newest_data_is_too_far_behind(tok):
+    buf = AdmissionBuffer(max_staleness=32, rule="authors")
+    add_versions(buf, tok, 20, 20)
+    assert picked(buf, 1, 20) == [20]
+    add_versions(buf, tok, 40, 5)
+    assert picked(buf, 1, 40) is None  # newest waiting v5 is 35 behind v40: wait, drop nothing
+    add_versions(buf, tok, 40, 10)
+    assert picked(buf, 1, 40) == [5]  # v10 is 30 behind: go, earliest arrived first (lag 35 > 32)
+    assert buf.counts["dropped_stale"] == 0 and buf.newest_trained == 20
+
+
+def test_authors_rule_new_version_first_then_floor_of_this_pick(tok):
+    buf = AdmissionBuffer(max_staleness=4, rule="authors")
+    add_versions(buf, tok, 20, 20)
+    assert picked(buf, 1, 20) == [20]
+    with pytest.raises(RecordError, match="stale"):  # below 20 - 4
+        add_versions(buf, tok, 21, 15)
+    add_versions(buf, tok, 30, 17, 19, 30, 30)
+    # v30 is newer than any trained: its groups first; then the earliest arrived at or above
+    # 30 - 4 = 26, of which there is none: wait
+    assert picked(buf, 3, 30) is None
+    assert picked(buf, 2, 30) == [30, 30]
+    assert buf.newest_trained == 30
+    assert picked(buf, 1, 30) is None and buf.counts["dropped_stale"] == 2  # v17, v19 fell below 26
+
+
+def test_authors_rule_put_back_pick_keeps_its_place_and_newest_trained(tok):
+    buf = AdmissionBuffer(max_staleness=8, rule="authors")
+    add_versions(buf, tok, 5, 5)
+    assert picked(buf, 1, 5) == [5]
+    add_versions(buf, tok, 6, 3, 4, prefix="a")
+    taken = buf.select(1, 6)
+    assert [g.policy_version for g in taken] == [3]
+    add_versions(buf, tok, 6, 2, prefix="b")
+    buf.requeue(taken)  # a failed round: v3 arrived before v4 and v2, and stays so
+    assert picked(buf, 1, 6) == [3]
+    add_versions(buf, tok, 6, 6, prefix="c")
+    taken = buf.select(1, 6)
+    assert [g.policy_version for g in taken] == [6] and buf.newest_trained == 6
+    buf.requeue(taken)  # not trained after all: the newest trained is v5 again
+    assert buf.newest_trained == 5
+    assert picked(buf, 3, 6) == [6, 4, 2]
+
+
+def test_authors_rule_requeued_first_groups_outlive_the_window(tok):
+    task = AdditionTask()
+    buf = AdmissionBuffer(max_staleness=4, rule="authors")
+    add_versions(buf, tok, 10, 10)
+    assert picked(buf, 1, 10) == [10]
+    buf.add(make_group(tok, task, version=7, gid="waiting"), 12)
+    buf.requeue([make_group(tok, task, version=2, gid="rebased")], first=True)
+    taken = buf.select(1, 12)
+    assert [g.group_id for g in taken] == ["rebased"]
+    buf.requeue(taken)  # its round failed: put back, and still first, still outside the window
+    assert [g.group_id for g in buf.select(1, 12)] == ["rebased"]
+    assert buf.newest_trained == 10
+    buf.add(make_group(tok, task, version=12, gid="fresh"), 12)
+    assert [g.group_id for g in buf.select(1, 12)] == ["fresh"]  # newer than v10: the floor moves to 8
+    assert buf.select(1, 12) is None and buf.counts["dropped_stale"] == 1  # "waiting" (v7) dropped
+    buf.forget_trained({"rebased"})
+    assert not buf.retrain
+
+
+def test_unknown_admission_rule():
+    with pytest.raises(ValueError, match="unknown admission rule 'newest'"):
+        AdmissionBuffer(4, rule="newest")
