@@ -3,7 +3,8 @@
 The grid is algorithm x maximum delay x seed. Every cell is one ``p2prl train`` run
 (sampler half and learner half in one process) with the paper's delay model: the
 sampler reloads weights only after a clipped log-normal delay (``staleness.delay =
-lognormal``, clip ``staleness.delay_versions = d``; ``d = 0`` is online RL), and the
+lognormal``, or the base config's ``authors`` or ``calibrated`` form, clip
+``staleness.delay_versions = d``; ``d = 0`` is online RL), and the
 learner's window equals the maximum delay (``staleness.max_staleness = d``). Every
 cell runs the same number of learner steps; cells with the same seed share the prompt
 order, the sampling seeds and the delay schedule (paired across algorithms). Cells run
@@ -94,11 +95,14 @@ def make_grid(algos, delays, seeds: int) -> list[Cell]:
     return [Cell(a, d, s) for a in algos for d in sorted(delays) for s in range(seeds)]
 
 
-def cell_overrides(cell: Cell, cell_dir: Path, threads: int | None) -> list[str]:
+RANDOM_DELAYS = ("lognormal", "authors", "calibrated")  # delay forms clipped to a cell's maximum delay
+
+
+def cell_overrides(cell: Cell, cell_dir: Path, threads: int | None, delay_form: str = "lognormal") -> list[str]:
     """The dotted overrides that turn the base config into this cell's config."""
     out = [
         f"algo.name={cell.algo}",
-        "staleness.delay=lognormal",
+        f"staleness.delay={delay_form}",
         f"staleness.delay_versions={cell.delay}",
         f"staleness.max_staleness={cell.delay}",
         f"train.seed={cell.seed}",
@@ -259,9 +263,11 @@ def plan_cells(args: argparse.Namespace, out: Path) -> list[tuple[Cell, dict]]:
 
     threads = 1 if args.jobs > 1 else None
     base = list(QUICK_OVERRIDES) if args.quick else []
+    form = load_config(args.config, base + list(args.overrides)).staleness.delay  # the base config's, if random
+    form = form if form in RANDOM_DELAYS else "lognormal"
     planned = []
     for cell in make_grid(args.algos, args.delays, args.seeds):
-        overrides = base + list(args.overrides) + cell_overrides(cell, out / "cells" / cell.name, threads)
+        overrides = base + list(args.overrides) + cell_overrides(cell, out / "cells" / cell.name, threads, form)
         planned.append((cell, load_config(args.config, overrides).model_dump()))
     return planned
 

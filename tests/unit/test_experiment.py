@@ -95,6 +95,17 @@ def test_changed_config_reruns_the_cell(tmp_path):
     assert experiment.finished_summary(cell_dir, dump) is None
 
 
+def test_cells_keep_the_base_configs_random_delay_form(tmp_path):
+    """A base config with the authors' delay keeps it in every cell; a non-random form becomes the log-normal."""
+    for config, form in [("configs/latency-authors.toml", "authors"), ("configs/default.toml", "lognormal")]:
+        args = cli.build_parser().parse_args(["experiment", "latency", "--quick", "--config", str(ROOT / config),
+                                              "--algos", "gepo", "--delays", "4"])
+        experiment.resolve_defaults(args)
+        (_, dump), = experiment.plan_cells(args, tmp_path)
+        assert dump["staleness"]["delay"] == form
+        assert dump["staleness"]["delay_versions"] == dump["staleness"]["max_staleness"] == 4
+
+
 def _rows(accs, lags=(0, 1, 2)):
     rows = [{"step": 0, "eval/heldout_acc": 0.2}]
     for i, lag in enumerate(lags, start=1):
