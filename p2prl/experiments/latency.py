@@ -370,7 +370,7 @@ def targets_markdown(targets: list[Target]) -> str:
 # ----------------------------------------------------------------------------
 
 
-def _pyplot():
+def pyplot():
     import matplotlib
 
     matplotlib.use("Agg")
@@ -381,7 +381,7 @@ def _pyplot():
 
 def plot_accuracy(rows: list[dict], algos, delays, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Held-out accuracy against maximum delay per algorithm (evenly spaced delays, as in the paper)."""
-    plt = _pyplot()
+    plt = pyplot()
     delays = sorted(delays)
     xs = range(len(delays))
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
@@ -404,7 +404,7 @@ def plot_accuracy(rows: list[dict], algos, delays, path: Path, axis: Axis = DELA
 
 def plot_curves(summaries: list[dict], algos, delay: int, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Held-out accuracy over training at one delay: mean over seeds, min-max band."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in algos:
         cells = [c for c in summaries if c["algo"] == algo and c[axis.key] == delay]
@@ -428,7 +428,7 @@ def plot_curves(summaries: list[dict], algos, delay: int, path: Path, axis: Axis
 
 def plot_kl_weight_var(rows: list[dict], algos, delays, path: Path, axis: Axis = DELAY_AXIS) -> None:
     """Mean sampler-learner KL and importance-weight variance against maximum delay (log scale, min-max bars)."""
-    plt = _pyplot()
+    plt = pyplot()
     delays = sorted(delays)
     xs = range(len(delays))
     floor = 1e-16  # both are >= 0; exact zeros are drawn at the floor of the log axis
@@ -510,7 +510,7 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
 # ----------------------------------------------------------------------------
 
 
-def _wrap(text: str) -> str:
+def wrap_help(text: str) -> str:
     import textwrap
 
     return textwrap.fill(text, width=88)
@@ -525,7 +525,7 @@ def build_parser() -> argparse.ArgumentParser:
     lat = sub.add_parser(
         "latency", help="accuracy of GRPO / GSPO / GEPO against the maximum sync delay",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=_wrap("Run the grid algorithm x maximum delay x seed with the paper's clipped log-normal sync "
+        description=wrap_help("Run the grid algorithm x maximum delay x seed with the paper's clipped log-normal sync "
         "delay (delay 0 = online) and the learner's window equal to the maximum delay, the same number of "
         "learner steps in every cell. Cells run in parallel processes and resume: a finished cell (its "
         "summary.json matches its config) is skipped. Writes results.md, results.csv (per algo and delay: "

@@ -41,7 +41,7 @@ from p2prl.experiments import latency as experiment
 from p2prl.experiments.latency import ALGOS, COLORS, Axis, GridRun, finished_summary, summarize_metrics, write_json_atomic
 from p2prl.experiments.linkemu import TUN_PATH, peer_address
 from p2prl.metrics import lag_by_sampler, read_jsonl
-from p2prl.launch.local import _signal_group, wait_for_file
+from p2prl.launch.local import signal_group, wait_for_file
 
 EXIT_UNSUPPORTED = 3
 RTTS_MS = (50, 500, 1500)  # a hivemind peer 2 s away cannot join (docs/network_experiment.md)
@@ -227,14 +227,14 @@ class NetLab:
         """SIGTERM the groups of ``names`` (default: all), wait up to ``grace_s``, then SIGKILL them."""
         procs = [self.procs[n] for n in (names if names is not None else list(self.procs)) if n in self.procs]
         for p in procs:
-            _signal_group(p, signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         deadline = time.time() + grace_s
         for p in procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(p, signal.SIGKILL)
+            signal_group(p, signal.SIGKILL)
             try:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
@@ -385,7 +385,7 @@ def sampler_table(summaries: list[dict]) -> str:
 
 def plot_lag_vs_rtt(summaries: list[dict], path: Path) -> None:
     """Each sampler's mean observed lag (bar up to its max lag) against its RTT, log scale."""
-    plt = experiment._pyplot()
+    plt = experiment.pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.6), dpi=100)
     for algo in ALGOS:
         pts = [(x["rtt_ms"], x["lag_mean"], x["lag_max"]) for s in summaries if s["algo"] == algo
@@ -437,7 +437,7 @@ def add_parser(sub) -> None:
     net = sub.add_parser(
         "network", help="GRPO / GSPO / GEPO in a real swarm over an emulated network (RTT, bandwidth)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description=experiment._wrap(
+        description=experiment.wrap_help(
             "Run the grid algorithm x maximum sampler RTT x seed, each cell a real swarm (a bootstrap, one "
             "learner, N samplers) whose peers live in their own Linux network namespaces, joined by a userspace "
             "link emulator (per-peer delay, rate limit, bounded queue) instead of tc netem. The learner's window "

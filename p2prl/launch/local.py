@@ -36,17 +36,17 @@ class LocalSwarm:
 
     def stop(self, grace_s: float = 10.0) -> None:
         for _, p in self.procs:
-            _signal_group(p, signal.SIGTERM)
+            signal_group(p, signal.SIGTERM)
         deadline = time.time() + grace_s
         for _, p in self.procs:
             try:
                 p.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
                 pass
-            _signal_group(p, signal.SIGKILL)
+            signal_group(p, signal.SIGKILL)
 
 
-def _signal_group(p: subprocess.Popen, sig: int) -> None:
+def signal_group(p: subprocess.Popen, sig: int) -> None:
     try:
         os.killpg(p.pid, sig)
     except (ProcessLookupError, PermissionError):
