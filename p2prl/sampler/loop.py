@@ -238,8 +238,8 @@ class Sampler:
 
 def run_sampler(cfg: Config, stop: threading.Event) -> dict:
     node = SwarmNode(cfg.net, "sampler", stop)
-    sampler = Sampler(cfg, node)
     try:
+        sampler = Sampler(cfg, node)  # loads the model: a bad path must still shut the node down
         sampler.run(stop)
     finally:
         node.shutdown()

@@ -11,10 +11,13 @@ Every request is msgpack, bounded, and validated; replies are bounded by the cal
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 
 import msgpack
+
+log = logging.getLogger("p2prl.protocol")
 
 MAX_CONTROL_BYTES = 1 << 20
 MAX_ACK_IDS = 4096
@@ -49,6 +52,7 @@ class WeightStore:
         self._lock = threading.Lock()
         self.bytes_served = 0
         self.uploads = 0
+        self.bad_requests = 0
 
     def add(self, version: int, sha256: str, blob: bytes) -> None:
         with self._lock:
@@ -81,10 +85,16 @@ class WeightStore:
 
 def weights_handler(store: WeightStore):
     """Stream handler serving ``store`` (used by learners and by samplers that hold a version)."""
-    from p2prl.swarm.node import read_frame, write_frame
+    from p2prl.swarm.node import FrameError, read_frame, write_frame
 
     async def handle(peer: str, reader, writer) -> None:
-        req = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"version": int, "sha256": str})
+        try:
+            req = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"version": int, "sha256": str})
+        except (ValueError, FrameError) as e:  # a malformed or oversized request is answered with nothing, counted and logged
+            store.bad_requests += 1
+            if store.bad_requests <= 5 or store.bad_requests % 100 == 0:
+                log.warning("bad weights request from %s: %s (%d so far)", peer[-6:], e, store.bad_requests)
+            return
         status, blob = store.begin_upload(req["version"], req["sha256"])
         if status != OK:
             await write_frame(writer, status)

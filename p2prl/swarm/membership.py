@@ -1,0 +1,126 @@
+"""Learners of one run finding each other: heartbeats, DHT peer records and the ``hello`` protocol.
+
+``hello`` (learner -> learner): request ``{}``; reply ``{"policy": <PolicyRecord bytes>,
+"learners": [peer ids, at most 64]}``. Every heartbeat a learner asks each learner it knows
+(from the DHT's peer records, or named in another learner's reply) for its latest record;
+one that does not answer for two record lifetimes is forgotten. Under churn a DHT look-up
+can miss some subkeys of a key for a while; asking directly keeps learners from stepping
+apart unseen.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from typing import Callable
+
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord
+from p2prl.swarm.node import SwarmNode, read_frame, write_frame
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+
+log = logging.getLogger("p2prl.swarm.membership")
+
+MAX_HELLO_LEARNERS = 64
+
+
+class Membership:
+    """This learner's view of the run's other learners, refreshed every heartbeat (thread-safe).
+
+    ``own_record``: this learner's peer record now; ``latest``: its latest policy record; ``run_config``:
+    the run config it publishes with every heartbeat.
+    """
+
+    def __init__(self, node: SwarmNode, heartbeat_s: float, own_record: Callable[[], PeerRecord],
+                 latest: Callable[[], PolicyRecord | None], run_config: RunConfigRecord | None = None):
+        self.node, self.heartbeat_s = node, heartbeat_s
+        self.own_record, self.latest, self.run_config = own_record, latest, run_config
+        self.lock = threading.Lock()
+        self.known: dict[str, float] = {}  # learner -> when it last answered (or was first heard of)
+        self.policies: dict[str, PolicyRecord] = {}  # learner -> its latest record, as it told us
+        self.others: list[str] = []  # the run's other live learners
+        self.counts: Counter[str] = Counter()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def serve(self) -> None:
+        self.node.serve("hello", self.on_hello)
+
+    def start_heartbeats(self) -> None:
+        """Heartbeats from their own thread: a learner waiting in a long gradient round stays visible."""
+        self._thread = threading.Thread(target=self._beat_forever, name="p2prl-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop_heartbeats(self, timeout_s: float) -> None:
+        """No heartbeat may outlive the node's DHT."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=timeout_s)
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(self.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception as e:  # never let the heartbeat thread die
+                log.warning("heartbeat failed: %s", e)
+
+    def heartbeat(self) -> None:
+        """Announce ourselves; find the run's other learners (DHT, then each one asked directly)."""
+        self.node.announce(self.own_record())
+        self.node.publish_policy(self.latest())
+        if self.run_config is not None:
+            self.node.publish_run_config(self.run_config)
+        now, me = time.time(), self.node.peer_id
+        found = [r.peer_id for r in self.node.peers("learner") if r.peer_id != me]
+        with self.lock:
+            for p in found:
+                self.known.setdefault(p, now)
+            known = list(self.known)
+        # under churn a DHT look-up can miss some learners for a while, so every learner we ever
+        # heard of is asked directly, and tells us whom it knows
+        for peer in known:
+            self.hello(peer, now)
+        with self.lock:
+            self.others = [p for p, t in self.known.items() if now - t <= 2 * self.node.ttl]
+
+    def hello(self, peer: str, now: float) -> None:
+        """Ask ``peer`` for its record and the learners it knows; forget it once silent for too long."""
+        try:
+            raw = self.node.request(peer, "hello", pack({}), MAX_CONTROL_BYTES)
+            reply = unpack_map(raw, {"policy": bytes, "learners": list})
+        except Exception as e:
+            with self.lock:
+                self.counts["hello_failed"] += 1
+                n = self.counts["hello_failed"]
+                if now - self.known.get(peer, now) > 2 * self.node.ttl:
+                    self.known.pop(peer, None)
+                    self.policies.pop(peer, None)
+            if n <= 5 or n % 100 == 0:  # a learner that died fails every heartbeat until forgotten
+                log.info("hello to learner %s failed: %s (%d so far)", peer[-6:], type(e).__name__, n)
+            return
+        rec = PolicyRecord.decode(reply["policy"])
+        with self.lock:
+            self.known[peer] = now
+            if rec is not None:
+                self.policies[peer] = rec
+            for q in reply["learners"][:MAX_HELLO_LEARNERS]:
+                if isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id:
+                    self.known.setdefault(q, now)
+
+    async def on_hello(self, peer: str, reader, writer) -> None:
+        """``hello``: another learner asks for our latest record and the learners we know."""
+        await read_frame(reader, MAX_CONTROL_BYTES)
+        with self.lock:
+            known = list(self.known)[:MAX_HELLO_LEARNERS]
+        latest = self.latest()
+        await write_frame(writer, pack({"policy": latest.encode() if latest else b"", "learners": known}))
+
+    def records(self) -> list[tuple[str, PolicyRecord]]:
+        """(learner, latest record) of every learner that told us its record."""
+        with self.lock:
+            return list(self.policies.items())
+
+    def metrics(self) -> dict[str, int]:
+        with self.lock:
+            return {f"membership/{k}": c for k, c in self.counts.items()}

@@ -1,0 +1,106 @@
+"""The ``state`` protocol (learner -> learner): a learner behind the others loads their state.
+
+Request ``{}`` (msgpack). Reply one frame: a 4-byte big-endian header length, the msgpack
+header ``{"version", "sha256", "weight", "published": {str(version): sha256}, "trained":
+[group ids], "weights_len"}``, then ``weights_len`` bytes of safetensors weights, then the
+optimizer state (safetensors). The receiver bounds the reply by 3 x ``flow.max_weights_mb``
+and checks the weights' hash, every header field and the version against the record it
+acted on before anyone loads anything (``docs/protocol.md``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.node import SwarmNode, read_frame, write_frame
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+
+MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
+MAX_STATE_IDS = 1 << 20
+HEADER_FIELDS = {"version": int, "sha256": str, "weight": int, "published": dict, "trained": list, "weights_len": int}
+SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass
+class PeerState:
+    """A peer's state, checked: its header fields, weights (safetensors) and optimizer blob."""
+
+    version: int
+    sha256: str
+    weight: int
+    published: dict[int, str]
+    trained: list[str]
+    weights: bytes
+    optimizer: bytes
+
+
+def state_header(version: int, sha256: str, weight: int, published: dict[str, str], trained: list[str],
+                 weights_len: int) -> dict:
+    return {"version": version, "sha256": sha256, "weight": weight, "published": published, "trained": trained,
+            "weights_len": weights_len}
+
+
+def encode_state(header: dict, weights: bytes, optimizer: bytes) -> tuple[bytes, ...]:
+    """The parts of a ``state`` reply frame."""
+    h = pack(header)
+    return len(h).to_bytes(4, "big"), h, weights, optimizer
+
+
+def decode_state(reply: bytes) -> PeerState:
+    """A ``state`` reply, bounded and checked (the weights' hash, every header field); ValueError otherwise."""
+    n = int.from_bytes(reply[:4], "big")
+    if n > MAX_STATE_HEADER:
+        raise ValueError("state header too large")
+    h = unpack_map(reply[4 : 4 + n], HEADER_FIELDS, max_items=MAX_STATE_IDS)
+    if not all(isinstance(gid, str) for gid in h["trained"]):
+        raise ValueError("bad trained group ids")
+    w_end = 4 + n + h["weights_len"]
+    if not 0 < h["weights_len"] <= len(reply) - 4 - n:
+        raise ValueError("state weights length out of range")
+    weights, opt = reply[4 + n : w_end], reply[w_end:]
+    if hashlib.sha256(weights).hexdigest() != h["sha256"]:
+        raise ValueError("state weights do not match their hash")
+    published = {}
+    for v, sha in h["published"].items():
+        if not (isinstance(v, str) and v.isdigit() and isinstance(sha, str) and SHA256.fullmatch(sha)):
+            raise ValueError("bad published map")
+        published[int(v)] = sha
+    return PeerState(h["version"], h["sha256"], h["weight"], published, h["trained"], weights, opt)
+
+
+def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me: str) -> tuple[str, PolicyRecord] | None:
+    """The (learner, record) ranking highest above ``mine`` (behind, or on a lost fork), or None."""
+    above = [(p, r) for p, r in candidates if p != me and r.rank() > mine.rank()]
+    return max(above, key=lambda pr: pr[1].rank()) if above else None
+
+
+class StateSync:
+    """One learner's side of ``state``: serve a consistent snapshot, fetch and check a peer's."""
+
+    def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]]):
+        self.node, self.snapshot = node, snapshot
+        self.limit = int(3 * max_weights_mb * 2**20)
+        self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
+
+    def serve(self) -> None:
+        self.node.serve("state", self.on_state, self.serve_timeout_s)
+
+    async def on_state(self, peer: str, reader, writer) -> None:
+        """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
+        await read_frame(reader, MAX_CONTROL_BYTES)
+        header, weights, opt = await asyncio.get_running_loop().run_in_executor(None, self.snapshot)
+        await write_frame(writer, *encode_state(header, weights, opt))
+
+    def fetch(self, peer: str, rec: PolicyRecord) -> PeerState:
+        """The state of ``peer``, whose record ``rec`` we act on; ValueError if it is bad or older than ``rec``."""
+        reply = self.node.request(peer, "state", pack({}), max_reply=self.limit,
+                                  timeout_s=self.node.transfer_timeout(self.limit // 3))
+        got = decode_state(reply)
+        if got.version < rec.version:
+            raise ValueError(f"it sent v{got.version}, older than its record v{rec.version}")
+        return got

@@ -1,0 +1,157 @@
+"""The learner's group ledger: acknowledgement, forks and retraining, checkpoint and restart."""
+
+import numpy as np
+import pytest
+
+from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+from p2prl.rollout.record import Limits, RolloutGroup
+
+KEEP, WINDOW, TTL = 4, 2, 3.0  # versions remembered, staleness window, record lifetime (s)
+SHA = {v: f"{v:064x}" for v in range(20)}
+
+
+def group(gid: str, version: int) -> RolloutGroup:
+    return RolloutGroup(
+        group_id=gid, run_id="run", prompt_id=1, policy_version=version, weights_sha256=SHA[version],
+        prompt_ids=np.array([1, 2], np.int32), tokens=np.array([[5, 6], [7, 0]], np.int32),
+        lengths=np.array([2, 1], np.int32), logq=np.array([[-0.5, -0.5], [-0.5, 0.0]], np.float32),
+        rewards=np.array([1.0, 0.0], np.float32), sampler="s",
+    )
+
+
+def make_ledger(tmp_path) -> GroupLedger:
+    return GroupLedger(WINDOW, KEEP, OwnGroupFiles(tmp_path / "own_groups", Limits()))
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return make_ledger(tmp_path)
+
+
+def step(ledger: GroupLedger, v: int, own: list[RolloutGroup], others=(), confirmed=False, now=0.0) -> None:
+    """What the learner does for version ``v``: own groups on disk, publish, record the round's groups."""
+    ledger.own.write(v, own)
+    ledger.publish(v, SHA[v])
+    ledger.record(v, {g.group_id for g in own} | set(others), own, confirmed, now)
+
+
+def log_line(v: int, groups: list[RolloutGroup]) -> dict:
+    return {"version": v, "published": SHA[v], "groups": [[g.group_id, g.policy_version, g.weights_sha256] for g in groups]}
+
+
+def ids(groups) -> list[str]:
+    return [g.group_id for g in groups or []]
+
+
+def test_a_version_stepped_alone_stays_pending_until_a_round_confirms_it(ledger):
+    step(ledger, 1, [group("s/a", 0)], now=10.0)
+    assert ledger.states_of(["s/a"]) == {"s/a": "pending"}
+    assert ledger.tentative == {1: 10.0}
+    step(ledger, 2, [group("s/b", 1)], others=["t/x"], confirmed=True, now=11.0)  # a round with another learner
+    assert ledger.states_of(["s/a", "s/b", "t/x"]) == {"s/a": "trained", "s/b": "trained", "t/x": "trained"}
+    assert ledger.tentative == {}
+
+
+def test_a_version_stepped_alone_stands_after_two_record_lifetimes(ledger):
+    step(ledger, 1, [group("s/a", 0)], now=100.0)
+    ledger.settle(1, before=106.0 - 2 * TTL)  # exactly two lifetimes: not yet
+    assert ledger.states_of(["s/a"]) == {"s/a": "pending"}
+    ledger.settle(1, before=106.5 - 2 * TTL)
+    assert ledger.states_of(["s/a"]) == {"s/a": "trained"}
+    assert ledger.tentative == {}
+
+
+def test_settle_acknowledges_only_up_to_the_confirmed_version(ledger):
+    step(ledger, 1, [group("s/a", 0)], now=1.0)
+    step(ledger, 2, [group("s/b", 1)], now=2.0)
+    ledger.settle(1)
+    assert ledger.states_of(["s/a", "s/b"]) == {"s/a": "trained", "s/b": "pending"}
+    assert ledger.tentative == {2: 2.0}
+
+
+def test_own_groups_of_a_lost_history_are_retrained_first_whatever_their_age(ledger):
+    step(ledger, 1, [group("s/a", 0)], confirmed=True)
+    step(ledger, 2, [group("s/b", 1), group("s/c", 1)], others=["t/x"], confirmed=True)  # acknowledged
+    theirs = {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 5: "d" * 64}  # same v1, another v2
+    assert ledger.adopt(5, theirs, {"s/c", "p/1"}) == 2
+    # s/c is in the winning history; t/x is another learner's group of the lost version: its learner redoes it
+    assert ledger.states_of(["s/a", "s/b", "s/c", "t/x", "p/1"]) == {
+        "s/a": "trained", "s/b": "pending", "s/c": "trained", "t/x": "unknown", "p/1": "trained"}
+    assert "t/x" not in ledger.buffer.seen and {"s/b", "s/c", "p/1"} <= ledger.buffer.seen
+    assert ledger.counts["sync/groups_requeued"] == 1
+    assert [(v, lost) for _, v, lost in ledger.own.files()] == [(1, False), (2, True)]
+    assert sorted(ledger.trained_at) == [1, 5] and ledger.trained_at[5] == (["p/1", "s/c"], [])
+    assert ledger.published == {2: "f" * 64, 3: "e" * 64, 5: "d" * 64}
+    ledger.admit(group("s/new", 5), 5)  # fresh data inside the window [5, 7]
+    assert ids(ledger.buffer.select(1, 7)) == ["s/b"]  # version 1, far outside the window: still first
+    assert ids(ledger.buffer.select(1, 7)) == ["s/new"]
+    assert ledger.buffer.select(1, 7) is None  # s/c is not requeued: the winner trained it
+    assert ledger.counts["dropped_stale"] == 0
+
+
+def test_groups_already_trained_are_not_requeued(ledger):
+    step(ledger, 1, [group("s/a", 0), group("s/b", 0)], confirmed=True)
+    # the winning history holds s/a; s/b was trained again here since (a resend acknowledged at v3 of ours)
+    ledger.states["s/b"] = "trained"
+    ledger.trained_at[1] = (["s/a"], [group("s/a", 0), group("s/b", 0)])
+    assert ledger.adopt(3, {1: "f" * 64}, {"s/a"}) == 1
+    assert ledger.counts["sync/groups_requeued"] == 0
+    assert len(ledger.buffer) == 0
+    assert ledger.states_of(["s/a", "s/b"]) == {"s/a": "trained", "s/b": "trained"}
+
+
+def test_remembered_versions_are_pruned_past_history_versions_except_tentative_ones(ledger):
+    step(ledger, 1, [group("s/1", 0)], confirmed=True)
+    for v in range(2, 7):  # stepped alone, unconfirmed
+        step(ledger, v, [group(f"s/{v}", v - 1)], now=float(v))
+    assert sorted(ledger.trained_at) == [2, 3, 4, 5, 6]  # v1 (confirmed) pruned at v5; v2 kept though 2 <= 6 - KEEP
+    assert [v for _, v, _ in ledger.own.files()] == [2, 3, 4, 5, 6]
+    assert sorted(ledger.published) == [3, 4, 5, 6]
+    step(ledger, 7, [group("s/7", 6)], others=["t/7"], confirmed=True)  # confirms 2..7, then prunes <= 3
+    assert sorted(ledger.trained_at) == [4, 5, 6, 7]
+    assert [v for _, v, _ in ledger.own.files()] == [4, 5, 6, 7]
+    assert ledger.states_of(["s/2", "s/3"]) == {"s/2": "trained", "s/3": "trained"}
+
+
+def test_state_header_and_checkpoint_include_unconfirmed_versions(tmp_path, ledger):
+    step(ledger, 1, [group("s/a", 0)], confirmed=True)
+    step(ledger, 2, [group("s/b", 1)], now=5.0)
+    assert ledger.history() == ({"1": SHA[1], "2": SHA[2]}, ["s/a", "s/b"])  # the weights sent contain s/b
+    saved = ledger.checkpoint_state()
+    assert saved == {"trained": ["s/a"], "tentative": {"2": ["s/b"]}, "published": {"1": SHA[1], "2": SHA[2]}}
+
+    again = GroupLedger(WINDOW, KEEP, OwnGroupFiles(tmp_path / "own_groups", Limits()))  # restart at v2
+    again.restore(saved, 2, [log_line(0, []), log_line(1, [group("s/a", 0)]), log_line(2, [group("s/b", 1)])], now=50.0)
+    assert again.states_of(["s/a", "s/b"]) == {"s/a": "trained", "s/b": "pending"}
+    assert again.tentative == {2: 50.0} and again.published == {1: SHA[1], 2: SHA[2]}
+    assert {"s/a", "s/b"} <= again.buffer.seen and len(again.buffer) == 0  # nothing to retrain
+    assert again.trained_at[2][0] == ["s/b"] and ids(again.trained_at[2][1]) == ["s/b"]  # its own groups, read back
+
+
+def test_restart_retrains_own_groups_newer_than_the_checkpoint(tmp_path, ledger):
+    step(ledger, 1, [group("s/a", 0)], confirmed=True)
+    saved = ledger.checkpoint_state()  # checkpoint at v1, then two more versions, acknowledged, and a crash
+    step(ledger, 2, [group("s/b", 1)], others=["t/x"], confirmed=True)
+    step(ledger, 3, [group("s/c", 2)], confirmed=True)
+
+    again = make_ledger(tmp_path)
+    again.restore(saved, 1, [log_line(0, []), log_line(1, [group("s/a", 0)])], now=0.0)
+    assert again.states_of(["s/a", "s/b", "s/c", "t/x"]) == {
+        "s/a": "trained", "s/b": "pending", "s/c": "pending", "t/x": "unknown"}
+    assert again.counts["sync/groups_requeued"] == 2
+    assert [(v, lost) for _, v, lost in again.own.files()] == [(1, False), (2, True), (3, True)]
+    assert ids(again.buffer.select(2, 9)) == ["s/b", "s/c"]  # first, though outside the window at v9
+    step(again, 2, [group("s/b", 1), group("s/c", 2)], confirmed=True)
+    again.checkpointed()  # retrained and checkpointed: the lost files go
+    assert [(v, lost) for _, v, lost in again.own.files()] == [(1, False), (2, False)]
+    assert again.lost == {}
+
+
+def test_an_unreadable_own_file_is_counted_not_fatal(tmp_path):
+    own = tmp_path / "own_groups"
+    own.mkdir()
+    (own / "2.msgpack").write_bytes(b"\x93garbage")
+    ledger = make_ledger(tmp_path)
+    ledger.restore({}, 1, [], now=0.0)
+    assert ledger.counts["sync/own_file_unreadable"] == 1
+    assert ledger.counts["sync/groups_requeued"] == 0

@@ -1,0 +1,193 @@
+"""Role logic around the network, on in-memory stand-ins for the node (the real swarm: tests/network, tests/e2e)."""
+
+import asyncio
+import logging
+import threading
+import time
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from p2prl.config import load_config
+from p2prl.learner.loop import Learner
+from p2prl.policy.model import PolicyLoadError
+from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.membership import Membership
+from p2prl.swarm.protocol import MISSING, OK, WeightStore, pack, weights_handler
+
+
+class FakeNode:
+    """What ``Membership`` and ``run_sampler`` use of a ``SwarmNode``; ``reply`` answers every request."""
+
+    peer_id, ttl = "me", 3.0
+
+    def __init__(self, reply=None):
+        self.reply, self.shut = reply, False
+
+    def announce(self, rec):
+        pass
+
+    def publish_policy(self, rec):
+        pass
+
+    def peers(self, role):
+        return [SimpleNamespace(peer_id="other"), SimpleNamespace(peer_id="me")]
+
+    def request(self, peer, name, payload, max_reply):
+        if self.reply is None:
+            raise ConnectionError("no route")
+        return self.reply
+
+    def shutdown(self):
+        self.shut = True
+
+
+def frame(payload: bytes) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader()
+    reader.feed_data(len(payload).to_bytes(8, "big") + payload)
+    reader.feed_eof()
+    return reader
+
+
+class Writer:
+    def __init__(self):
+        self.data = b""
+
+    def write(self, b):
+        self.data += bytes(b)
+
+    async def drain(self):
+        pass
+
+
+def test_failed_hellos_are_counted_and_logged_rate_limited(caplog):
+    m = Membership(FakeNode(), 1.0, own_record=lambda: None, latest=lambda: None)
+    with caplog.at_level(logging.INFO, logger="p2prl.swarm.membership"):
+        for _ in range(7):
+            m.heartbeat()
+    assert m.counts == Counter({"hello_failed": 7})
+    assert m.metrics() == {"membership/hello_failed": 7}
+    lines = [r.getMessage() for r in caplog.records if "hello to learner" in r.getMessage()]
+    assert len(lines) == 5 and lines[-1] == "hello to learner other failed: ConnectionError (5 so far)"
+    assert m.others == ["other"]  # heard of just now (the DHT): not forgotten yet
+    m.known["other"] = 0.0
+    m.hello("other", now=2 * FakeNode.ttl + 0.5)  # silent for more than two record lifetimes
+    assert m.known == {} and m.counts["hello_failed"] == 8
+
+
+def test_a_hello_reply_tells_the_record_and_other_learners():
+    rec = PolicyRecord(version=3, sha256="ab" * 32, size=10, weight=4)
+    m = Membership(FakeNode(pack({"policy": rec.encode(), "learners": ["third", "me", 5, "x" * 200]})), 1.0,
+                   own_record=lambda: None, latest=lambda: None)
+    m.heartbeat()
+    assert sorted(m.known) == ["other", "third"] and sorted(m.others) == ["other", "third"]
+    assert m.records() == [("other", rec)]  # "third" (named by "other") is asked at the next heartbeat
+    m.heartbeat()
+    assert m.records() == [("other", rec), ("third", rec)] and m.counts == Counter()
+
+
+def test_sampler_with_a_bad_model_path_still_shuts_its_node_down(monkeypatch, tmp_path):
+    from p2prl.sampler import loop
+
+    node = FakeNode()
+    monkeypatch.setattr(loop, "SwarmNode", lambda *a, **k: node)
+    with pytest.raises(PolicyLoadError):
+        loop.run_sampler(load_config(None, [f"model.path={tmp_path / 'no-model'}"]), threading.Event())
+    assert node.shut
+
+
+def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
+    store = WeightStore(keep=2, max_uploads_per_version=1)
+    store.add(3, "ab" * 32, b"weights")
+    handle = weights_handler(store)
+
+    def ask(payload: bytes) -> bytes:
+        w = Writer()
+
+        async def go():
+            await handle("12D3KooWabcXYZ123", frame(payload), w)
+
+        asyncio.run(go())
+        return w.data
+
+    with caplog.at_level(logging.WARNING, logger="p2prl.protocol"):
+        assert ask(b"\x93garbage") == b""
+        assert ask(pack({"version": "3", "sha256": "ab" * 32})) == b""
+    assert store.bad_requests == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "bad weights request from XYZ123: not msgpack: ExtraData (1 so far)",
+        "bad weights request from XYZ123: field 'version' missing or not int (2 so far)"]
+    assert ask(pack({"version": 3, "sha256": "ab" * 32})) == (8).to_bytes(8, "big") + OK + b"weights"
+    assert ask(pack({"version": 4, "sha256": "ab" * 32})) == (1).to_bytes(8, "big") + MISSING
+    assert store.bad_requests == 2 and store.uploads == 1
+
+
+def test_rollout_admission_runs_off_the_network_loop():
+    """A slow verification (the reward function) leaves the loop free for other streams."""
+    seen = {}
+
+    def admit(data, peer):
+        seen["thread"] = threading.current_thread().name
+        time.sleep(0.5)
+        return "accepted", ""
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
+                              admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), admit=admit, buffer=[])
+
+    async def both():
+        ticks = 0
+
+        async def tick():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        ticker = asyncio.create_task(tick())
+        w = Writer()
+        await Learner.on_rollout(learner, "peer", frame(b"record"), w)
+        ticker.cancel()
+        return ticks, w.data
+
+    ticks, reply = asyncio.run(both())
+    learner.admission.shutdown()
+    assert seen["thread"].startswith("p2prl-admit")
+    assert ticks >= 20, "the network loop stalled while a record was verified"
+    assert reply[8:] == pack({"status": "accepted", "reason": "", "queue": 0})
+
+
+def test_state_reply_round_trip_and_checks():
+    import hashlib
+
+    from p2prl.swarm.state_sync import ahead_of, decode_state, encode_state, state_header
+
+    w, opt = b"weights-bytes", b"optimizer"
+    sha = hashlib.sha256(w).hexdigest()
+    header = state_header(7, sha, 12, {"6": "cd" * 32, "7": sha}, ["s/1", "s/2"], len(w))
+    assert list(header) == ["version", "sha256", "weight", "published", "trained", "weights_len"]
+    reply = b"".join(encode_state(header, w, opt))
+    assert reply == len(pack(header)).to_bytes(4, "big") + pack(header) + w + opt
+    got = decode_state(reply)
+    assert (got.version, got.weight, got.published, got.trained) == (7, 12, {6: "cd" * 32, 7: sha}, ["s/1", "s/2"])
+    assert (got.weights, got.optimizer) == (w, opt)
+
+    def bad(**change) -> str:
+        with pytest.raises(ValueError) as e:
+            decode_state(b"".join(encode_state({**header, **change}, w, opt)))
+        return str(e.value)
+
+    assert bad(sha256="00" * 32) == "state weights do not match their hash"
+    assert bad(weights_len=len(w) + len(opt) + 1) == "state weights length out of range"
+    assert bad(weights_len=0) == "state weights length out of range"
+    assert bad(published={"x6": sha}) == "bad published map"
+    assert bad(trained=["s/1", 3]) == "bad trained group ids"
+    assert bad(version="7") == "field 'version' missing or not int"
+
+    mine = PolicyRecord(version=5, sha256="ab" * 32, size=1, weight=8)
+    same_v_more_samples = PolicyRecord(version=5, sha256="cd" * 32, size=1, weight=9)
+    newer = PolicyRecord(version=6, sha256="cd" * 32, size=1, weight=1)
+    assert ahead_of(mine, [("me", newer), ("b", mine)], "me") is None
+    assert ahead_of(mine, [("b", same_v_more_samples), ("c", newer)], "me") == ("c", newer)
