@@ -20,6 +20,12 @@ class _Section(BaseModel):
 
 class ModelConfig(_Section):
     path: str = Field("builtin", description="Local Hugging Face model folder, or 'builtin' for the shipped tiny model.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Dtype of the model weights (trained and published in it); log-prob math stays float32."
+    )
+    gradient_checkpointing: bool = Field(False, description="Learner: recompute activations in the backward pass (less memory, more time).")
 
 
 class TaskConfig(_Section):
@@ -57,13 +63,16 @@ class AlgoConfig(_Section):
     gspo_eps_low: float = Field(3e-4, gt=0.0, le=10.0, description="GSPO lower clip (GSPO paper: 3e-4).")
     gspo_eps_high: float = Field(4e-4, gt=0.0, le=10.0, description="GSPO upper clip (GSPO paper: 4e-4).")
     scope: Literal["group", "batch"] = Field(
-        "group", description="GEPO denominator over one prompt's G completions (paper) or the whole batch (authors' code)."
+        "group", description="GEPO denominator over one prompt's G completions (paper) or over each shuffled chunk of batch_rows rows of the step (authors' code)."
     )
     beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005).")
     gepo_variant: Literal["standard", "plus"] = Field(
         "standard", description="GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own q instead of the group expectation."
     )
     plus_k3: float = Field(0.002, ge=0.0, le=10.0, description="k3 threshold of gepo_variant 'plus' (authors' code: 0.002).")
+    batch_rows: int = Field(
+        8, ge=1, le=65_536, description="scope=batch: a step's rows are shuffled and GEPO's denominator is taken over each chunk of this many rows (the authors' code: 8)."
+    )
     scale_std: bool | None = Field(
         None, description="Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."
     )
@@ -87,6 +96,9 @@ class TrainConfig(_Section):
     )
     out_dir: str = Field("runs/default", description="Where metrics.jsonl and checkpoint/ are written.")
     threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = torch's default).")
+    micro_batch_tokens: int = Field(
+        0, ge=0, le=1 << 30, description="Learner: split a step into micro-batches of whole groups of at most this many padded prompt+completion tokens and accumulate gradients (0 = one pass)."
+    )
 
 
 class StalenessConfig(_Section):
@@ -194,7 +206,10 @@ class Config(_Section):
 
     def run_identity(self) -> dict[str, Any]:
         """The fields a checkpoint must agree with to be resumed."""
-        return {k: getattr(self, k).model_dump() for k in ("model", "task", "sampling", "algo")}
+        ident = {k: getattr(self, k).model_dump() for k in ("model", "task", "sampling", "algo")}
+        for where in ("device", "gradient_checkpointing"):  # how the model runs, not what is trained
+            del ident["model"][where]
+        return ident
 
 
 class ConfigError(ValueError):

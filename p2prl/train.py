@@ -47,7 +47,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
 
     task = make_task(cfg.task)
     learner, state = resume_learner(cfg, out)
-    sampler = SamplerCore(load_policy(out / "checkpoint" if state else cfg.model.path), task, cfg, RUN_ID,
+    sampler = SamplerCore(load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model), task, cfg, RUN_ID,
                           peer_id="sampler0")
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)

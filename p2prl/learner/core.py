@@ -14,6 +14,7 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
 from p2prl.algo import LOSSES, group_advantages, loss_kwargs
+from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
 from p2prl.learner.checkpoint import load_optimizer, read_state
 from p2prl.config import Config
 from p2prl.policy import Policy, load_policy, sequence_logprobs
@@ -21,9 +22,16 @@ from p2prl.rollout.record import RolloutGroup
 from p2prl.policy.weights import load_weights
 
 
-def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
-    """Stack groups into left-padded prompts and right-padded completions, rows grouped by G."""
-    rows = [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]]) for g in groups for i in range(g.group_size)]
+Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # one completion: prompt ids (P,), tokens (L,), logq (L,)
+
+
+def group_rows(groups: list[RolloutGroup]) -> list[Row]:
+    """The completions of ``groups``, rows grouped by G, unpadded."""
+    return [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]]) for g in groups for i in range(g.group_size)]
+
+
+def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
+    """Stack rows into left-padded prompts and right-padded completions."""
     B, P, T = len(rows), max(len(r[0]) for r in rows), max(len(r[1]) for r in rows)
     prompt = torch.full((B, P), pad_id, dtype=torch.long)
     prompt_mask = torch.zeros((B, P), dtype=torch.long)
@@ -36,8 +44,14 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
         comp[i, : len(c)] = torch.from_numpy(c.astype(np.int64))
         logq[i, : len(q)] = torch.from_numpy(q)
         mask[i, : len(c)] = 1.0
-    rewards = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
-    return {"prompt": prompt, "prompt_mask": prompt_mask, "completion": comp, "logq": logq, "mask": mask, "rewards": rewards}
+    return {"prompt": prompt, "prompt_mask": prompt_mask, "completion": comp, "logq": logq, "mask": mask}
+
+
+def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
+    """``collate_rows`` of all rows of ``groups``, with their rewards."""
+    batch = collate_rows(group_rows(groups), pad_id)
+    batch["rewards"] = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
+    return batch
 
 
 class LearnerCore:
@@ -50,39 +64,66 @@ class LearnerCore:
         self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
         warmup = max(1, round(t.warmup_frac * t.steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        if cfg.model.gradient_checkpointing:
+            policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.model.train()
 
-    def loss(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
-        a, s = self.cfg.algo, self.cfg.sampling
-        batch = collate(groups, self.policy.pad_id)
-        G = groups[0].group_size
-        logp = sequence_logprobs(
-            self.policy.model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature
-        )  # (B, T)
-        adv = group_advantages(batch["rewards"], G, a.std_scaling)  # (B,)
-        args = (logp, batch["logq"], batch["mask"], adv)
-        loss, m = LOSSES[a.name](*args, **loss_kwargs(a, G))
-        m = {f"loss/{k}": v for k, v in m.items()}
-        m["rollout/reward"] = float(batch["rewards"].mean())
-        m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
-        m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
-        return loss, m
+    def loss(self, logp: torch.Tensor, batch: dict[str, torch.Tensor], G: int) -> tuple[torch.Tensor, dict[str, float]]:
+        """The objective on rows whose learner log-probs are ``logp`` (B, T); ``batch`` holds their
+        logq, mask and advantages. G: the rows' group size (GEPO scope "batch": the rows the denominator spans)."""
+        a = self.cfg.algo
+        return LOSSES[a.name](logp, batch["logq"], batch["mask"], batch["adv"], **loss_kwargs(a, G))
 
     def gradient(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The flat mean gradient of the loss on ``groups`` (parameters in ``model.parameters()`` order)."""
+        """The flat mean gradient of the loss on ``groups`` (parameters in ``model.parameters()`` order, float32, cpu).
+
+        The loss is taken per group or, for GEPO with scope "batch", per chunk of ``algo.batch_rows``
+        rows of the step shuffled (seeded by the version): each chunk is its own denominator, as in
+        the authors' code. With ``train.micro_batch_tokens`` the step runs in micro-batches of whole
+        groups / chunks, each loss weighted by its share of rows, so the gradient is the one-pass one.
+        """
+        a, s, model = self.cfg.algo, self.cfg.sampling, self.policy.model
+        G = groups[0].group_size
+        rows = group_rows(groups)
+        rewards = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
+        adv = group_advantages(rewards, G, a.std_scaling)  # (B,), per group, before any shuffle
+        chunked = a.name == "gepo" and a.scope == "batch"
+        if chunked:
+            units = shuffled_chunks(len(rows), a.batch_rows, seed=self.cfg.train.seed * 1_000_003 + self.version)
+        else:
+            units = [list(range(i, i + G)) for i in range(0, len(rows), G)]
+        micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows], self.cfg.train.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
-        loss, metrics = self.loss(groups)
-        loss.backward()
-        params = list(self.policy.model.parameters())
+        parts = []  # (metrics, rows, masked tokens) per loss call
+        for mb in micro:
+            idx = [i for u in mb for i in u]
+            batch = collate_rows([rows[i] for i in idx], self.policy.pad_id)
+            batch["adv"] = adv[idx]
+            batch = {k: v.to(model.device) for k, v in batch.items()}
+            logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature)  # (b, T)
+            total, start = 0.0, 0
+            for piece in mb if chunked else [idx]:  # one loss per denominator chunk, or one for all the groups
+                sl = slice(start, start + len(piece))
+                start += len(piece)
+                sub = {k: batch[k][sl] for k in ("logq", "mask", "adv")}
+                loss, m = self.loss(logp[sl], sub, len(piece) if chunked else G)
+                total = total + loss * (len(piece) / len(rows))
+                parts.append((m, len(piece), float(sub["mask"].sum()) if a.name == "grpo" else 0.0))
+            total.backward()
+        params = list(model.parameters())
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         self.optimizer.zero_grad(set_to_none=True)
-        return flat, metrics
+        m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
+        m["rollout/reward"] = float(rewards.mean())
+        m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
+        m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
+        return flat.float().cpu(), m
 
     def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
         """Clip ``flat_grad``, take one optimizer step with it; advances the policy version."""
         offset = 0
         for p in self.policy.model.parameters():
-            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).clone()
+            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype, copy=True)
             offset += p.numel()
         metrics = {"loss/grad_norm": float(
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.train.max_grad_norm)
@@ -120,7 +161,7 @@ class LearnerCore:
             p = params[int(idx)]
             if (name == "step" and t.numel() != 1) or (name != "step" and t.shape != p.shape):
                 raise ValueError(f"optimizer tensor {k!r} has shape {tuple(t.shape)}")
-            state.setdefault(p, {})[name] = t.float().reshape(()) if name == "step" else t.to(p.dtype)
+            state.setdefault(p, {})[name] = t.float().reshape(()) if name == "step" else t.to(p.device, p.dtype)
         if any(len(v) != 3 for v in state.values()):
             raise ValueError("incomplete optimizer state")
         load_weights(self.policy.model, weights)  # validates every tensor before loading any
@@ -137,7 +178,7 @@ class LearnerCore:
 def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:
     """The learner at the checkpoint in ``out`` (fresh from ``cfg.model.path`` if none) and its saved state."""
     state = read_state(out, cfg) or {}
-    core = LearnerCore(load_policy(out / "checkpoint" if state else cfg.model.path), cfg)
+    core = LearnerCore(load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model), cfg)
     if state:
         load_optimizer(out, core.optimizer, core.scheduler)
         core.version = state["version"]

@@ -21,8 +21,8 @@ def heldout_accuracy(policy: Policy, task: Task, n: int, max_new_tokens: int | N
         chunk = problems[i : i + batch_size]
         ids, mask = left_pad([render_prompt(tok, task, p) for p in chunk], policy.pad_id)
         out = model.generate(
-            input_ids=ids,
-            attention_mask=mask,
+            input_ids=ids.to(model.device),
+            attention_mask=mask.to(model.device),
             do_sample=False,
             max_new_tokens=task.max_answer_tokens or max_new_tokens or 256,
             eos_token_id=policy.eos_id,

@@ -11,13 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+import torch.utils.checkpoint
+
+from p2prl.config import ModelConfig
 
 BUILTIN_MODEL = Path(__file__).resolve().parent.parent / "assets" / "base"
 
 
 class PolicyLoadError(RuntimeError):
-    """A model folder that is missing or unreadable."""
+    """A model that cannot be loaded as configured: folder missing or unreadable, device absent."""
 
 
 @dataclass
@@ -39,11 +41,32 @@ class Policy:
         return int(self.model.config.vocab_size)
 
 
-def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> Policy:
-    """Load model and tokenizer from a local folder (``"builtin"`` = the shipped tiny model)."""
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(name: str) -> torch.device:
+    """``model.device`` as a torch device: auto = cuda if available, else cpu; cuda without CUDA is an error."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PolicyLoadError(f"model.device={name}, but torch sees no CUDA device here; use model.device=cpu or auto")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise PolicyLoadError(f"model.device={name}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return dev
+
+
+def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy:
+    """Load model and tokenizer from a local folder (``"builtin"`` = the shipped tiny model).
+
+    ``settings`` (the config's ``model`` section) gives the device and dtype; None = cpu, float32.
+    """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    device = resolve_device(settings.device) if settings else torch.device("cpu")
+    dtype = DTYPES[settings.dtype] if settings else torch.float32
     hf_logging.disable_progress_bar()
     folder = BUILTIN_MODEL if str(path) == "builtin" else Path(path).expanduser()
     if not (folder / "config.json").is_file():
@@ -59,7 +82,7 @@ def load_policy(path: str | Path, dtype: torch.dtype = torch.float32) -> Policy:
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return Policy(model=model, tokenizer=tokenizer)
+    return Policy(model=model.to(device), tokenizer=tokenizer)
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -74,22 +97,56 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return ids, mask
 
 
+LOGITS_CHUNK = 1 << 24
+"""Most float32 logits one chunk of ``sequence_logprobs`` holds at once (64 MiB)."""
+
+_POST_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
+"""Config fields of models whose logits are more than the output embedding of the final hidden state."""
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     temperature: float,
+    chunk_elements: int = LOGITS_CHUNK,
 ) -> torch.Tensor:
     """Per-token log-probs of ``completion_ids`` under ``model`` at ``temperature``.
 
     prompt_ids, prompt_mask: (B, P), left-padded. completion_ids: (B, T).
-    Returns (B, T); positions past a completion's end are meaningless (mask them).
+    Returns (B, T), float32 (float64 for a float64 model); positions past a completion's end
+    are meaningless (mask them).
+
+    The [B, T, V] logits are never held at once: the decoder's final hidden states are
+    computed once, and the output embedding + log-softmax run over chunks of at most
+    ``chunk_elements`` logits, each recomputed in the backward pass (activation
+    checkpointing), so the result stays exactly differentiable.
     """
     ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
     attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
     pos = (attn.cumsum(1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=attn, position_ids=pos).logits  # (B, P+T, V)
     P = prompt_ids.shape[1]
-    logits = logits[:, P - 1 : -1].float() / temperature  # (B, T, V) predicts completion tokens
-    return torch.gather(F.log_softmax(logits, dim=-1), 2, completion_ids.unsqueeze(-1)).squeeze(-1)
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    config = model.config.get_text_config()
+    if decoder is model or head is None or any(getattr(config, k, None) not in (None, 1, 1.0) for k in _POST_HEAD):
+        # logits are not head(hidden): take them whole from the model
+        hidden, head = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits, None
+    else:
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    hidden = hidden[:, P - 1 : -1]  # (B, T, H or V) at the positions that predict completion tokens
+    B, T = completion_ids.shape
+    flat, tokens = hidden.reshape(B * T, -1), completion_ids.reshape(B * T)
+    rows = max(1, chunk_elements // (config.vocab_size if head is not None else flat.shape[1]))  # logits rows per chunk
+    checkpoint = torch.is_grad_enabled() and flat.requires_grad
+
+    def chunk(h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
+        logits = head(h) if head is not None else h  # (n, V)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        return logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)  # (n,)
+
+    out = []
+    for i in range(0, B * T, rows):
+        h, tok = flat[i : i + rows], tokens[i : i + rows]
+        out.append(torch.utils.checkpoint.checkpoint(chunk, h, tok, use_reentrant=False) if checkpoint else chunk(h, tok))
+    return torch.cat(out).view(B, T)

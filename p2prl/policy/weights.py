@@ -10,7 +10,7 @@ from safetensors.torch import save as st_save
 
 
 def serialize_weights(model: torch.nn.Module) -> tuple[bytes, str]:
-    """Safetensors bytes of ``model``'s state (tied tensors stored once) and their sha256."""
+    """Safetensors bytes of ``model``'s state in its own dtype (tied tensors stored once) and their sha256."""
     state = {}
     seen: dict[int, str] = {}
     for name, t in model.state_dict().items():
@@ -23,7 +23,10 @@ def serialize_weights(model: torch.nn.Module) -> tuple[bytes, str]:
 
 
 def load_weights(model: torch.nn.Module, blob: bytes) -> None:
-    """Load safetensors bytes into ``model``; every parameter must be present with its shape."""
+    """Load safetensors bytes into ``model``; every parameter must be present with its shape.
+
+    Floating tensors of another dtype (a bf16 version into a float32 sampler) are cast on load.
+    """
     state = st_load(blob)
     own = model.state_dict()
     unknown = set(state) - set(own)
@@ -32,6 +35,8 @@ def load_weights(model: torch.nn.Module, blob: bytes) -> None:
     for name, t in state.items():
         if t.shape != own[name].shape:
             raise ValueError(f"tensor {name} has shape {tuple(t.shape)}, expected {tuple(own[name].shape)}")
+        if t.is_floating_point() != own[name].is_floating_point():
+            raise ValueError(f"tensor {name} has dtype {t.dtype}, expected {own[name].dtype}")
     missing = [n for n, t in own.items() if n not in state and all(t.data_ptr() != own[m].data_ptr() for m in state)]
     if missing:
         raise ValueError(f"weights lack tensors: {missing[:5]}")

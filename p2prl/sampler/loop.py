@@ -56,7 +56,7 @@ class Sampler:
     def __init__(self, cfg: Config, node: SwarmNode):
         self.cfg, self.node = cfg, node
         task = make_task(cfg.task)
-        self.core = SamplerCore(load_policy(cfg.model.path), task, cfg, cfg.net.run_id,
+        self.core = SamplerCore(load_policy(cfg.model.path, cfg.model), task, cfg, cfg.net.run_id,
                                 peer_id=node.peer_id, session=secrets.token_hex(4))
         self.store = WeightStore(cfg.flow.keep_versions, max_uploads_per_version=4)
         self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))

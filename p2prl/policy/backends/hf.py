@@ -1,7 +1,8 @@
 """The default generation backend: transformers' ``generate``.
- The sampler's log-prob of each token
-is ``log_softmax(logits / temperature)`` of the unmodified model, which is exactly what
-the learner recomputes, so at zero staleness the importance ratio is 1 up to float error.
+
+The sampler's log-prob of each token is ``log_softmax(logits / temperature)`` of the
+unmodified model, which is exactly what the learner recomputes, so at zero staleness the
+importance ratio is 1 up to float error.
 (No top-k / top-p truncation by default for that reason; with truncation the recorded
 log-probs are still those of the untruncated tempered distribution, as in TRL.)
 """
@@ -31,6 +32,36 @@ class HFGenerator:
         load_weights(self.policy.model, blob)
 
 
+class _ChosenLogProbs:
+    """Forward hook on the model during ``generate``: the log-prob of each chosen token.
+
+    Each forward's last-position logits are the raw next-token logits ``generate`` samples
+    from (before its logits processors). The hook keeps only the latest step's tempered
+    log-softmax (N, V) and, at the next forward, gathers the token that was chosen from it
+    (the last column of that forward's input ids), so memory stays O(N * V), not O(N * T * V).
+    """
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature
+        self.last: torch.Tensor | None = None  # (N, V) log-probs of the latest step
+        self.chosen: list[torch.Tensor] = []  # (N,) per generated token so far
+
+    def __call__(self, module, args, kwargs, output) -> None:
+        if self.last is not None:
+            ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
+            self.gather(ids[:, -1])
+        self.last = F.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+
+    def gather(self, tokens: torch.Tensor) -> None:
+        self.chosen.append(self.last.gather(1, tokens.unsqueeze(1)).squeeze(1))
+
+    def logq(self, comp: torch.Tensor) -> torch.Tensor:
+        """(N, T) log-probs of the completions ``comp`` (a final extra forward, if any, is ignored)."""
+        if len(self.chosen) < comp.shape[1]:
+            self.gather(comp[:, -1])
+        return torch.stack(self.chosen[: comp.shape[1]], dim=1)
+
+
 @torch.no_grad()
 def generate(
     policy: Policy,
@@ -45,30 +76,32 @@ def generate(
     """Sample ``group_size`` completions for each prompt (token ids) with transformers' generate."""
     tok, model = policy.tokenizer, policy.model
     enc_ids, enc_mask = left_pad(prompts, policy.pad_id)  # (N, P)
-    ids = enc_ids.repeat_interleave(group_size, 0)  # (N*G, P)
-    attn = enc_mask.repeat_interleave(group_size, 0)
+    ids = enc_ids.repeat_interleave(group_size, 0).to(model.device)  # (N*G, P)
+    attn = enc_mask.repeat_interleave(group_size, 0).to(model.device)
     if seed is not None:
         torch.manual_seed(seed)
     was_training = model.training
     model.eval()
-    out = model.generate(
-        input_ids=ids,
-        attention_mask=attn,
-        do_sample=True,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        max_new_tokens=max_new_tokens,
-        eos_token_id=policy.eos_id,
-        pad_token_id=policy.pad_id,
-        output_logits=True,
-        return_dict_in_generate=True,
-    )
-    model.train(was_training)
-    P = ids.shape[1]
-    comp = out.sequences[:, P:]  # (N*G, T)
-    logits = torch.stack(out.logits, dim=1).float() / temperature  # (N*G, T, V)
-    logq = torch.gather(F.log_softmax(logits, -1), 2, comp.unsqueeze(-1)).squeeze(-1)
+    record = _ChosenLogProbs(temperature)
+    hook = model.register_forward_hook(record, with_kwargs=True)
+    try:
+        sequences = model.generate(
+            input_ids=ids,
+            attention_mask=attn,
+            do_sample=True,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            max_new_tokens=max_new_tokens,
+            eos_token_id=policy.eos_id,
+            pad_token_id=policy.pad_id,
+        )
+    finally:
+        hook.remove()
+        model.train(was_training)
+    comp = sequences[:, ids.shape[1] :]  # (N*G, T)
+    logq = record.logq(comp).cpu()
+    comp = comp.cpu()
     is_eos = comp == policy.eos_id
     # length = up to and including the first eos, or all T tokens if none
     first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, comp.shape[1])
