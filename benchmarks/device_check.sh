@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Device check of the vLLM backend on a CUDA GPU (about 5 minutes, at most 10):
+# Device check on a CUDA GPU (about 6 minutes, at most 10): bf16 learner steps and
+# transformers generation (benchmarks/device_learner.py), then the vLLM backend:
 #
 #   benchmarks/device_check.sh [PYTHON]
 #
@@ -22,10 +23,13 @@ if ! "$PY" -c "import torch, vllm; assert torch.cuda.is_available()" 2>/dev/null
     exit 3
 fi
 nvidia-smi -L
-timeout 420 "$PY" -m pytest -q -m vllm tests/vllm
+timeout 120 "$PY" benchmarks/device_learner.py --out device_learner.json
+lrc=$?
+timeout 360 "$PY" -m pytest -q -m vllm tests/vllm
 rc=$?
-timeout 150 "$PY" benchmarks/generation.py --rounds 2
+timeout 100 "$PY" benchmarks/generation.py --rounds 2
 brc=$?
-echo "device_check: tests exit $rc, benchmark exit $brc"
+echo "device_check: learner and generation check exit $lrc, vLLM tests exit $rc, vLLM benchmark exit $brc"
+[ "$lrc" -ne 0 ] && exit "$lrc"
 [ "$rc" -ne 0 ] && exit "$rc"
 exit "$brc"
