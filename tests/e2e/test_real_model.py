@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 
 from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
-from p2prl.config import TaskConfig
+from p2prl.config import ModelConfig, TaskConfig
 from p2prl.policy import load_policy
 from p2prl.policy.make_test_model import make_test_model
 from p2prl.policy.weights import load_weights, serialize_weights
@@ -23,6 +23,8 @@ from p2prl.tasks import make_task, render_prompt
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG = str(ROOT / "configs" / "math-test.toml")
 BAD_VERDICTS = ("rejected/reward_mismatch", "rejected/prompt_mismatch", "rejected/bad_token", "rejected/internal")
+
+BF16 = ModelConfig(device="cpu", dtype="bfloat16")
 
 
 @pytest.fixture(scope="session")
@@ -84,9 +86,9 @@ def test_train_math_on_the_test_model(test_model, tmp_path):
     assert all("rollout/reward" in row and "loss/loss" in row for row in rows[1:]) and "eval/heldout_acc" in rows[2]
 
     # the trained checkpoint, as bf16, travels as safetensors bytes and loads into a fresh copy bit for bit
-    trained = load_policy(out / "checkpoint", dtype=torch.bfloat16).model
+    trained = load_policy(out / "checkpoint", BF16).model
     blob, sha = serialize_weights(trained)
-    fresh = load_policy(test_model, dtype=torch.bfloat16).model
+    fresh = load_policy(test_model, BF16).model
     load_weights(fresh, blob)
     for (name, a), b in zip(trained.state_dict().items(), fresh.state_dict().values()):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b), name
