@@ -449,8 +449,8 @@ class Learner:
         ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
         with self.lock:
             states = self.ledger.states_of(ids)
-            queue = len(self.buffer)
-        await write_frame(writer, pack({"states": states, "queue": queue}))
+            queue, free = len(self.buffer), self.room(peer)
+        await write_frame(writer, pack({"states": states, "queue": queue, "free": free}))
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:

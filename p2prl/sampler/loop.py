@@ -245,12 +245,17 @@ class Sampler:
             elif p.learner is not None:  # its learner is gone
                 self.counts["send/resend"] += 1
                 p.learner = None
+        for learner in live:  # a learner that said it takes no more of ours: ask again (its free space)
+            if self.free.get(learner, 1) <= 0:
+                by_learner.setdefault(learner, [])
         for learner, ids in by_learner.items():
-            for i in range(0, len(ids), 1024):
+            for i in range(0, max(1, len(ids)), 1024):
                 try:
                     raw = self.node.request(learner, "acks", pack({"ids": ids[i : i + 1024]}), MAX_CONTROL_BYTES)
                     reply = unpack_map(raw, {"states": dict, "queue": int})
                     states, self.queues[learner] = reply["states"], reply["queue"]
+                    if isinstance(reply.get("free"), int):
+                        self.free[learner] = reply["free"]
                 except Exception as e:
                     self._failed(learner, "asking for acks", e)
                     for gid in ids:
