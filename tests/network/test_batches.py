@@ -1,0 +1,48 @@
+"""Batched rollouts between real peers on 127.0.0.1: per-group answers, and busy answers under the queue bound."""
+
+import re
+
+import pytest
+
+from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
+
+
+@pytest.fixture
+def peers(tmp_path):
+    p = Peers(tmp_path)
+    yield p
+    p.close()
+
+
+def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peers, tmp_path):
+    """A slow learner holding at most 4 waiting groups in all (one step's batch) and two samplers of 4 groups
+    a loop: batches go in one stream each, the learner answers busy beyond its bound, those groups stay
+    with their sampler and are trained later, and every group trained is acknowledged to its sampler."""
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    peers.join("learner", "learner", maddr, "train.steps=1000", "testing.slowdown=3", "flow.max_learner_queue=1",
+               "flow.max_queue_per_sampler=1", out=out)
+    acks = {s: tmp_path / f"{s}.acks" for s in ("s0", "s1")}
+    for s, f in acks.items():
+        peers.join(s, "sampler", maddr, f"testing.ack_log={f}")
+
+    def busy_ids():
+        return {gid for s in acks for gid in re.findall(r"busy: group (\S+) kept", peers.log(s))}
+
+    def trained():
+        return {gid for l in read_jsonl(out / "train_log.jsonl") for gid, _, _ in l["groups"]}
+
+    def acked():
+        return {gid for f in acks.values() if f.exists() for gid in f.read_text().split()}
+
+    wait_for(lambda: busy_ids() and busy_ids() <= trained(), 300,
+             "a group answered busy, then trained")
+    first = trained()
+    wait_for(lambda: first <= acked(), 120, "every trained group acknowledged to its sampler")
+    assert peers.stop("learner") == 0, peers.log("learner")
+    metrics = read_jsonl(out / "metrics.jsonl")
+    assert max(m.get("admission/busy", 0) for m in metrics) > 0, "the learner counted no busy answer"
+    for s in acks:
+        assert peers.stop(s) == 0, peers.log(s)
+        c = last_json(peers.log(s))
+        assert c["send/batches"] > 0 and c["send/batched_groups"] > c["send/batches"], c  # several groups a stream
