@@ -220,8 +220,8 @@ class Learner:
             self.missed = self.missed + 1 if e.reason == "no_round" else 0
             if self.missed >= 2 and batch and not stop.is_set() and not self.catch_up():
                 return r  # alone
-            with self.lock:
-                self.buffer.requeue(batch)
+            with self.lock:  # a group another member also brought is left to that member (it keeps its state here)
+                self.buffer.requeue([g for g in batch if g.group_id not in e.drop])
             stop.wait(0.2 if e.reason == "empty" else 0)
             return None
 

@@ -41,9 +41,23 @@ MARKER_BOUND = 2**20
 class RoundFailed(RuntimeError):
     """A round that must not be applied; ``reason`` is a short metric name."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", drop: frozenset[str] = frozenset()):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
+        self.drop = drop  # group ids this learner must leave out of its batch before the retry
+
+
+def duplicates_to_drop(members: dict[str, list[list]], me: str) -> frozenset[str]:
+    """Group ids that ``me`` and another member both brought to a round, where ``me`` is not the one to keep them.
+
+    A sampler that resent a group to a second learner (the first one's answer was late) can make two
+    members of one round hold it; the member with the smallest peer id keeps it, the others drop it.
+    """
+    holders: dict[str, list[str]] = {}
+    for peer, tags in members.items():
+        for gid, *_ in tags:
+            holders.setdefault(gid, []).append(peer)
+    return frozenset(g for g, ps in holders.items() if len(ps) > 1 and me in ps and min(ps) != me)
 
 
 def buffer_size(n: int) -> int:
@@ -185,6 +199,7 @@ class GradientRounds:
             raise RoundFailed("no_round", "no group")
         total = marker_sum = 0
         tags: list[list] = []
+        members: dict[str, list[list]] = {}
         for peer, meta in gathered.items():
             if not isinstance(meta, dict) or meta.get("version") != version or meta.get("sha256") != sha256:
                 raise RoundFailed("mixed_versions", f"peer {str(peer)[-6:]} is at another version or hash")
@@ -193,7 +208,12 @@ class GradientRounds:
                     and _valid_tags(meta.get("groups"))):
                 raise RoundFailed("bad_metadata", f"peer {str(peer)[-6:]}")
             tags += meta["groups"]
+            members[str(peer)] = meta["groups"]
             total, marker_sum = total + w, marker_sum + w * m
+        if len({t[0] for t in tags}) < len(tags):  # a group brought twice would be trained twice: retry without it
+            drop = duplicates_to_drop(members, str(self.averager.peer_id))
+            raise RoundFailed("duplicate_groups", f"{len(tags) - len({t[0] for t in tags})} group(s) held by two members",
+                              drop)
         if total == 0:
             raise RoundFailed("empty", "no learner had data")
         with self.averager.get_tensors() as tensors:  # overwritten by the next round's encode anyway
