@@ -12,8 +12,25 @@ import logging
 import os
 import sys
 import textwrap
+from pathlib import Path
 
+from p2prl import __version__
 from p2prl.experiments import grid, latency, network
+
+CONFIG_EPILOG = (
+    "config sections (dotted overrides section.key=value, or [section] tables in a --config TOML file):\n"
+    "  model     the policy: a local Hugging Face folder, device, dtype\n"
+    "  task      the problems and their reward (addition, math, module:Class)\n"
+    "  sampling  group size, temperature, top-k / top-p, completion length\n"
+    "  algo      objective (gepo, gspo, grpo) and its clip / KL / scope settings\n"
+    "  train     steps, groups per step, learning rate, evaluation, checkpoints, out_dir\n"
+    "  staleness the learner's window and the simulated sync delay\n"
+    "  net       run id, bootstrap peers, addresses, timeouts\n"
+    "  flow      record and weight sizes, queues, uploads\n"
+    "  rounds    gradient rounds between the learners of a run\n"
+    "  testing   knobs for tests and benchmarks\n"
+    "`p2prl config show` lists every key with its bound, default, current value and description."
+)
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -29,17 +46,21 @@ def build_parser() -> argparse.ArgumentParser:
         prog="p2prl",
         description="Peer-to-peer RL post-training of language models with GEPO (HeteroRL).",
     )
+    ap.add_argument("--version", action="version", version=f"p2prl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     tr = sub.add_parser(
         "train", help="train on one machine (sampler and learner halves in one process)",
         description="Run HeteroRL on one machine: a sampler half and a learner half exchanging "
         "versioned rollout records, with a staleness window and an optional simulated sync delay. "
-        "Resumes from <train.out_dir>/checkpoint when one exists.",
+        "Resumes from <train.out_dir>/checkpoint when one exists. Ends with a short summary; the same as JSON "
+        "goes to <train.out_dir>/summary.json (--json prints it instead) and a plot to <train.out_dir>/progress.png.",
+        epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     tr.add_argument("--algo", choices=["gepo", "gspo", "grpo"], help="objective (overrides algo.name)")
     tr.add_argument("--fresh", action="store_true", help="ignore and replace an existing checkpoint in train.out_dir")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar (metrics still go to metrics.jsonl)")
+    tr.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     _add_config_args(tr)
 
     bs = sub.add_parser(
@@ -65,7 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         "join", help="join a swarm as a sampler or a learner",
         description="Join a training run through any reachable bootstrap. Samplers generate rollouts with the "
         "policy version they hold and stream them to learners; learners verify, train with the configured "
-        "objective and publish new versions. Stops cleanly on Ctrl-C / SIGTERM.",
+        "objective and publish new versions. Stops cleanly on Ctrl-C / SIGTERM. A learner ends with a short "
+        "summary; the same as JSON goes to <train.out_dir>/summary.json (--json prints it instead).",
+        epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     jn.add_argument("--role", choices=["sampler", "learner"], required=True)
     _add_network_args(jn)
@@ -75,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     jn.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", help="public addresses to announce")
     jn.add_argument("--identity-path", help="private key file for a stable peer id (created when missing)")
     jn.add_argument("--no-progress", action="store_true", help="no progress bar")
+    jn.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
+    jn.add_argument("--log-file", default=None, help="also write this peer's log lines to this file")
     _add_config_args(jn)
 
     st = sub.add_parser("status", help="show the live peers of a run",
@@ -96,7 +121,18 @@ def build_parser() -> argparse.ArgumentParser:
                     help="number of learner processes (default 1); several average gradients every version")
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
+    up.add_argument("--json", action="store_true", help="print the first learner's end-of-run summary as JSON")
     _add_config_args(up)
+
+    cf = sub.add_parser("config", help="show the configuration keys (`p2prl config show`)")
+    cfsub = cf.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
+    show = cfsub.add_parser(
+        "show", help="every key with its bound, default, current value and description",
+        description="Print every config key with its bound, default, the value a run with these arguments would "
+        "use, and its description.",
+    )
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    _add_config_args(show)
     _add_experiment_parsers(sub)
     return ap
 
@@ -199,7 +235,7 @@ def _add_network_args(p: argparse.ArgumentParser) -> None:
 
 def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
     """The config of files, overrides and flags; with ``writes_out_dir``, train.out_dir is checked to be writable."""
-    from p2prl.config import load_config, writable_dir
+    from p2prl.config import load_config, usable_file, writable_dir
 
     # `--initial-peers A B train.steps=5`: argparse hands the override to the list flag; move it back
     overrides = list(getattr(args, "overrides", []))
@@ -224,6 +260,10 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
             setattr(getattr(cfg, section), field, value)
     if writes_out_dir:
         writable_dir(cfg.train.out_dir, "train.out_dir")
+    if cfg.testing.ack_log:
+        usable_file(cfg.testing.ack_log, "testing.ack_log")
+    if cfg.net.identity_path:
+        usable_file(cfg.net.identity_path, "net.identity_path", read_only_if_exists=True)
     return cfg
 
 
@@ -232,13 +272,21 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from p2prl.train import train
 
     summary = train(cfg, fresh=args.fresh, progress=not args.no_progress)
-    print(json.dumps(summary, indent=1))
+    _print_summary(summary, "training", args.json)
     return 0
 
 
+def _print_summary(summary: dict, what: str, as_json: bool) -> None:
+    from p2prl.metrics import format_summary
+
+    print(json.dumps(summary, indent=1) if as_json else format_summary(summary, what), flush=True)
+
+
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
+    from p2prl.config import usable_file
     from p2prl.swarm.bootstrap import serve
 
+    usable_file(args.identity_path, "--identity-path", read_only_if_exists=True)
     return serve(
         host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs, identity_path=args.identity_path,
         initial_peers=args.initial_peers, loopback=args.loopback, maddrs_file=args.maddrs_file,
@@ -253,6 +301,8 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from p2prl.swarm.dht import stop_on_signals
 
     setup_logging(args.role)
+    if args.log_file:
+        _log_to_file(args.log_file)
     stop = stop_on_signals()
     if cfg.train.threads:
         import torch
@@ -279,8 +329,21 @@ def _cmd_join(args: argparse.Namespace) -> int:
         # asked to stop while starting up: the network went away under a half-started peer
         logging.getLogger("p2prl").info("stopped during start-up (%s)", type(e).__name__)
         return 0
-    print(json.dumps(summary, indent=1), flush=True)
+    if args.log_file and "summary" in summary.get("paths", {}):
+        summary["paths"]["log"] = args.log_file
+        Path(summary["paths"]["summary"]).write_text(json.dumps(summary, indent=1) + "\n")
+    _print_summary(summary, args.role, args.json)
     return 0
+
+
+def _log_to_file(path: str) -> None:
+    """Every log line of this peer also goes to ``path`` (appended)."""
+    from p2prl.config import usable_file
+
+    usable_file(path, "--log-file")
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.getLogger().handlers[0].formatter)
+    logging.getLogger().addHandler(handler)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -299,7 +362,26 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     if args.samplers < 1 or args.learners < 1:
         raise _usage("--samplers and --learners must be at least 1")
     return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
-                    progress=not args.no_progress, n_learners=args.learners)
+                    progress=not args.no_progress, n_learners=args.learners, as_json=args.json)
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    from p2prl.config import describe, load_config
+
+    rows = describe(load_config(args.config, args.overrides))  # paths are not checked: nothing runs
+    if args.json:
+        print(json.dumps(rows, indent=1, default=str))
+        return 0
+    section = None
+    for r in rows:
+        if r["key"].split(".")[0] != section:
+            section = r["key"].split(".")[0]
+            print(f"[{section}]")
+        changed = "" if r["value"] == r["default"] else "   (changed)"
+        print(f"  {r['key']} = {json.dumps(r['value'], default=str)}{changed}")
+        print(f"      {r['bound']}; default {json.dumps(r['default'], default=str)}")
+        print(textwrap.fill(r["description"], width=100, initial_indent="      ", subsequent_indent="      "))
+    return 0
 
 
 def _usage(msg: str) -> Exception:
@@ -335,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "swarm": _cmd_swarm}
+                    "swarm": _cmd_swarm, "config": _cmd_config}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)

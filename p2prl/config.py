@@ -7,7 +7,10 @@ Every field has bounds and a description; unknown keys are refused. Example::
 
 from __future__ import annotations
 
+import difflib
+import os
 import tomllib
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -245,11 +248,26 @@ def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
     node[leaf] = value
 
 
+def all_keys() -> list[str]:
+    """Every ``section.key`` of the tree."""
+    return [f"{name}.{key}" for name, section in Config.model_fields.items() for key in section.annotation.model_fields]
+
+
+def did_you_mean(key: str) -> str:
+    """`` (did you mean 'train.steps'?)`` for a near miss of a known key or section, else ''."""
+    known = all_keys() + list(Config.model_fields) if "." in key else list(Config.model_fields)
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    if not close and "." in key:  # the right key in the wrong section: train.max_staleness
+        leaf = key.rsplit(".", 1)[1]
+        close = [k for k in all_keys() if k.rsplit(".", 1)[1] == leaf][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _format(err: ValidationError) -> str:
     lines = []
     for e in err.errors():
         key = ".".join(str(x) for x in e["loc"])
-        msg = "unknown key" if e["type"] == "extra_forbidden" else e["msg"]
+        msg = "unknown key" + did_you_mean(key) if e["type"] == "extra_forbidden" else e["msg"]
         msg = msg.removeprefix("Value error, ")
         lines.append(f"  {key}: {msg}" if key else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
@@ -289,3 +307,51 @@ def writable_dir(path: str | Path, key: str) -> Path:
         raise ConfigError(f"{key}={str(path)!r} is not a writable folder: {e.strerror or e}") from None
     return p
 
+
+
+def usable_file(path: str | Path, key: str, *, read_only_if_exists: bool = False) -> Path:
+    """Check that ``path`` can be written (or created; with ``read_only_if_exists`` an existing file need
+    only be readable); ConfigError naming ``key`` otherwise. Its folder is created when missing."""
+    p = Path(path).expanduser()
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{key}={str(path)!r}: cannot create its folder: {e.strerror or e}") from None
+    if p.is_dir():
+        raise ConfigError(f"{key}={str(path)!r} is a folder, not a file")
+    if p.exists():
+        need = os.R_OK if read_only_if_exists else os.W_OK
+        if not os.access(p, need):
+            raise ConfigError(f"{key}={str(path)!r} is not {'readable' if read_only_if_exists else 'writable'}")
+    elif not os.access(p.parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={str(path)!r} cannot be created: its folder is not writable")
+    return p
+
+
+def _bound(field) -> str:
+    """The allowed values of a field, in words: choices, a range, a pattern."""
+    args = typing.get_args(field.annotation)
+    if typing.get_origin(field.annotation) is Literal:
+        return " | ".join(map(str, args))
+    parts = []
+    for m in field.metadata:
+        for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "len >="),
+                          ("max_length", "len <="), ("pattern", "matches")):
+            if getattr(m, attr, None) is not None:
+                parts.append(f"{sym} {getattr(m, attr)}")
+    if typing.get_origin(field.annotation) is list:
+        kind = f"list of {args[0].__name__}"
+    else:
+        kind = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+    return ", ".join([kind.replace(" | None", " or unset"), *parts])
+
+
+def describe(cfg: Config) -> list[dict[str, Any]]:
+    """One row per key of ``cfg``: key, bound, default, current value, description (``p2prl config show``)."""
+    rows = []
+    for name, section in Config.model_fields.items():
+        for key, field in section.annotation.model_fields.items():
+            default = field.get_default(call_default_factory=True)
+            rows.append({"key": f"{name}.{key}", "bound": _bound(field), "default": default,
+                         "value": getattr(getattr(cfg, name), key), "description": field.description or ""})
+    return rows

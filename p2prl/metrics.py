@@ -1,10 +1,28 @@
-"""Metric sinks with one interface: JSONL on disk, or nothing."""
+"""Metric sinks with one interface (JSONL on disk, or nothing), the progress bar and the end of a run."""
 
 from __future__ import annotations
 
 import json
 import time
 from pathlib import Path
+
+from tqdm import tqdm
+
+FALLBACK_COLUMNS = 100  # a terminal that reports 0 columns (some IDE consoles, `stty cols 0`)
+
+
+def progress_bar(**kw) -> tqdm:
+    """A tqdm bar that follows the terminal's width, or ``FALLBACK_COLUMNS`` where it reports none."""
+    bar = tqdm(dynamic_ncols=True, **kw)
+    shape = getattr(bar, "dynamic_ncols", None)  # absent on a disabled bar
+    if callable(shape):
+        def _shape(fp):
+            cols, rows = shape(fp)
+            return cols or FALLBACK_COLUMNS, rows
+
+        bar.dynamic_ncols = _shape
+        bar.ncols = bar.ncols or FALLBACK_COLUMNS
+    return bar
 
 
 class NullSink:
@@ -54,3 +72,78 @@ def read_jsonl(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             break
     return out
+
+
+# ---- the end of a run: summary.json, a plot and a few lines for a human ------------------------------
+
+
+def group_totals(counts: dict, trained: int) -> dict[str, int]:
+    """Groups trained, dropped as stale and rejected (every reason) from admission counts."""
+    return {"trained": trained, "dropped": int(counts.get("dropped_stale", 0)),
+            "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/")))}
+
+
+def plot_run(metrics: Path, png: Path) -> Path | None:
+    """Reward and held-out accuracy per version from ``metrics`` (JSONL) into ``png``; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = read_jsonl(metrics)
+    reward = [(r["step"], r["rollout/reward"]) for r in rows if "rollout/reward" in r]
+    acc = [(r["step"], r["eval/heldout_acc"]) for r in rows if "eval/heldout_acc" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for points, label, style in ((reward, "mean reward of the batch", "-"), (acc, "held-out accuracy", "o-")):
+        if points:
+            ax.plot(*zip(*points), style, label=label, markersize=3)
+    ax.set_xlabel("policy version")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    png.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+    return png
+
+
+def finish_run(out_dir: Path, summary: dict, paths: dict[str, Path | None]) -> dict:
+    """Write ``<out_dir>/summary.json`` and ``<out_dir>/progress.png``; the summary with its ``paths``."""
+    plot = plot_run(out_dir / "metrics.jsonl", out_dir / "progress.png")
+    summary = {**summary, "paths": {k: str(v) for k, v in {**paths, "plot": plot}.items() if v is not None}}
+    summary["paths"]["summary"] = str(out_dir / "summary.json")
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _duration(s: float) -> str:
+    m, s = divmod(int(round(s)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def format_summary(summary: dict, what: str) -> str:
+    """A few lines for a person: accuracy, versions, wall time, groups, where the outputs are."""
+    lines = []
+    if "version" in summary:
+        ran = "already complete" if summary.get("complete_before") else f"in {_duration(summary['wall_s'])}"
+        ended = "finished" if summary["version"] >= summary["steps"] else "stopped"
+        lines.append(f"{what} {ended} at version {summary['version']} of {summary['steps']} {ran}")
+        lines.append(f"  held-out accuracy {summary['base_acc']:.3f} -> {summary['final_acc']:.3f} "
+                     f"(best {summary['best_acc']:.3f})")
+        g = summary["groups"]
+        lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
+    else:  # a sampler
+        made, acked = summary.get("groups_made", 0), summary.get("acked/trained", 0)
+        lines.append(f"{what} stopped: {made} groups made, {acked} acknowledged as trained")
+    names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}
+    for k, label in names.items():
+        if k in summary.get("paths", {}):
+            lines.append(f"  {label + ':':<12}{summary['paths'][k]}")
+    if "plot" not in summary.get("paths", {}) and "metrics" in summary.get("paths", {}):
+        lines.append("  (no plot: matplotlib is not installed)")
+    lines.append("  (`--json` prints this summary as JSON)")
+    return "\n".join(lines)

@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from p2prl.rollout.admission import AdmissionBuffer
 from p2prl.learner.checkpoint import save_checkpoint
@@ -24,7 +23,7 @@ from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.core import progress_line, resume_learner
-from p2prl.metrics import JsonlSink
+from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar
 from p2prl.policy import load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RecordError, decode_group, encode_group
@@ -65,8 +64,10 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         base_acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
         sink.log(learner.version, {"eval/heldout_acc": base_acc})
     acc, best = state.get("last_acc", base_acc), state.get("best_acc", base_acc)
+    trained = state.get("groups_trained", 0)
+    complete_before = learner.version >= t.steps
     started = time.time()
-    bar = tqdm(total=t.steps, initial=learner.version, disable=not progress, dynamic_ncols=True, desc="train")
+    bar = progress_bar(total=t.steps, initial=learner.version, disable=not progress, desc="train")
     while learner.version < t.steps:
         # sampler half: reload weights only when the simulated sync delay has passed
         if learner.version >= next_sync:
@@ -86,6 +87,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         if batch is None:
             continue
         m = learner.step(batch)
+        trained += len(batch)
         v = learner.version
         if v % t.eval_every == 0 or v == t.steps:
             acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
@@ -99,11 +101,13 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
             save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
                 "version": v, "cursor": cursor, "groups_made": sampler.groups_made,
-                "base_acc": base_acc, "last_acc": acc, "best_acc": best,
+                "base_acc": base_acc, "last_acc": acc, "best_acc": best, "groups_trained": trained,
             })
     bar.close()
     sink.close()
-    return {
-        "version": learner.version, "base_acc": base_acc, "final_acc": acc, "best_acc": best,
-        "wall_s": time.time() - started, "admission": dict(buffer.counts),
+    summary = {
+        "version": learner.version, "steps": t.steps, "complete_before": complete_before, "base_acc": base_acc,
+        "final_acc": acc, "best_acc": best, "wall_s": time.time() - started,
+        "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts),
     }
+    return finish_run(out, summary, {"metrics": out / "metrics.jsonl", "checkpoint": out / "checkpoint"})

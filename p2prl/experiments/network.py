@@ -270,7 +270,7 @@ def run_swarm(plan: CellPlan, logs: Path, timeout_s: float) -> tuple[float, dict
         maddr = wait_for_file(maddrs, boot, 60, "the bootstrap").split()[0]
 
         def join(i: int, role: str, *extra: str) -> list[str]:
-            return ["join", "--role", role, "--config", plan.config_path, "--initial-peers", maddr, "--no-progress",
+            return ["join", "--role", role, "--config", plan.config_path, "--initial-peers", maddr, "--no-progress", "--json",
                     *extra, *plan.overrides, f'net.host_maddrs=["/ip4/{peer_address(i)}/tcp/0"]']
 
         started = time.time()

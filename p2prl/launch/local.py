@@ -1,16 +1,19 @@
 """``p2prl swarm up``: a bootstrap, N samplers and M learners as separate processes on 127.0.0.1.
 
 Every child runs in its own session (process group) and is stopped by group
-(``p2prl.launch.procs``), so a Ctrl-C or a failing learner never leaves peers behind.
-Samplers' and the bootstrap's logs go to ``<out_dir>/logs/``; the first learner works
-in ``<out_dir>/learner/`` (metrics, training log, checkpoint) and its progress is shown
-here; further learners use ``<out_dir>/learner1/``, ... and log to ``logs/learner1.log``, ...
+(``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
+this process stops every child before it exits, and every child gets SIGTERM from the
+kernel if this process dies without a word (SIGKILL), so no peer is left behind.
+Every peer's log goes to ``<out_dir>/logs/``; the first learner works in
+``<out_dir>/learner/`` (metrics, training log, checkpoint, summary, plot) and its progress
+and end-of-run summary are shown here; further learners use ``<out_dir>/learner1/``, ...
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -18,8 +21,23 @@ from p2prl.config import Config
 from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class Stopped(Exception):
+    """A stop signal arrived; ``signum`` names it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signum)
+
+
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
-             progress: bool = True, n_learners: int = 1) -> int:
+             progress: bool = True, n_learners: int = 1, as_json: bool = False) -> int:
     out = Path(cfg.train.out_dir)
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
@@ -31,6 +49,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     swarm = ProcessGroups(logs, grace_s=10.0)
     maddrs_file = logs / "bootstrap.maddrs"
     maddrs_file.unlink(missing_ok=True)
+    previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     try:
         boot = swarm.spawn("bootstrap", cli_command(
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
@@ -39,8 +58,10 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         print(f"bootstrap at {maddr}", flush=True)
         peers = ["--initial-peers", maddr]
         quiet = [] if progress else ["--no-progress"]
-        learner = swarm.spawn("learner", cli_command("join", "--role", "learner", *common, *peers, *quiet, *overrides,
-                                                     f"train.out_dir={out / 'learner'}"), log=False)
+        (logs / "learner.log").unlink(missing_ok=True)
+        learner = swarm.spawn("learner", cli_command(
+            "join", "--role", "learner", *common, *peers, *quiet, *(["--json"] if as_json else []),
+            "--log-file", str(logs / "learner.log"), *overrides, f"train.out_dir={out / 'learner'}"), log=False)
         for i in range(1, n_learners):
             swarm.spawn(f"learner{i}", cli_command("join", "--role", "learner", *common, *peers, "--no-progress",
                                                    *overrides, f"train.out_dir={out / f'learner{i}'}"))
@@ -49,8 +70,13 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
         code = learner.wait()
         return code
-    except KeyboardInterrupt:
-        print("stopping the local swarm", file=sys.stderr, flush=True)
-        return 130
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(f"{signal.Signals(signum).name}: stopping the local swarm", file=sys.stderr, flush=True)
+        return 128 + signum
     finally:
+        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stop short: it is bounded by grace_s
+            signal.signal(sig, signal.SIG_IGN)
         swarm.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

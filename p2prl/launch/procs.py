@@ -1,13 +1,17 @@
 """Child processes, each in its own session (process group), stopped by group.
 
-A peer starts helpers of its own (hivemind's p2pd daemon); signalling the whole group
-stops them with it, and a final SIGKILL to the group removes whatever outlived the
-grace period, so no child is left behind. Used by ``p2prl swarm up``, the network
-experiment and the tests' swarm helper.
+A peer starts helpers of its own (hivemind's DHT process and p2pd daemon). ``stop``
+sends SIGTERM to the peer alone, so that it shuts its helpers down in order (signalling
+the whole group would kill p2pd under a peer still talking to it: tracebacks and
+"terminating it the hard way"), then SIGKILLs the group, removing whatever outlived the
+grace period, so no child is left behind. On Linux every child also gets SIGTERM when
+the process that started it dies (``PR_SET_PDEATHSIG``), even by SIGKILL. Used by
+``p2prl swarm up``, the network experiment and the tests' swarm helper.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -19,6 +23,24 @@ from pathlib import Path
 def cli_command(*args: str) -> list[str]:
     """The command line of ``p2prl <args>`` with this interpreter."""
     return [sys.executable, "-m", "p2prl.cli", *args]
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int):
+    """A ``preexec_fn``: SIGTERM this child when ``parent`` dies (Linux; elsewhere nothing)."""
+
+    def set_pdeathsig() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return set_pdeathsig if sys.platform.startswith("linux") else None
 
 
 def signal_group(p: subprocess.Popen, sig: int) -> None:
@@ -45,12 +67,12 @@ class ProcessGroups:
 
     def spawn(self, name: str, cmd: list[str], *, log: bool = True) -> subprocess.Popen:
         """Start ``cmd`` as child ``name``; stdout and stderr go to its log (``log=False``: to ours)."""
+        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd, preexec_fn=_die_with_parent(os.getpid()))
         if not log:
-            p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd)
+            p = subprocess.Popen(cmd, **kw)
         else:
             with (self.logs / f"{name}.log").open("ab" if self.append else "wb") as out:
-                p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, cwd=self.cwd)
+                p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, **kw)
         self.procs[name] = p
         return p
 
@@ -58,22 +80,22 @@ class ProcessGroups:
         signal_group(self.procs[name], sig)
 
     def stop_one(self, name: str, grace_s: float) -> int:
-        """SIGTERM child ``name``'s group, wait up to ``grace_s`` for it, then SIGKILL the group (what the
-        child left behind). Returns its exit code; raises ``subprocess.TimeoutExpired`` when it outlived
-        the grace period."""
-        self.signal(name, signal.SIGTERM)
+        """SIGTERM child ``name``, wait up to ``grace_s`` for it, then SIGKILL its group (what the child
+        left behind). Returns its exit code; raises ``subprocess.TimeoutExpired`` when it outlived the
+        grace period."""
+        _terminate(self.procs[name])
         try:
             return self.procs[name].wait(timeout=grace_s)
         finally:
             self.signal(name, signal.SIGKILL)
 
     def stop(self, names: list[str] | None = None, grace_s: float | None = None) -> None:
-        """SIGTERM the groups of ``names`` (default: every child) at once, give them ``grace_s`` (default
-        ``self.grace_s``) in all, SIGKILL each group, and reap the children."""
+        """SIGTERM ``names`` (default: every child) at once, give them ``grace_s`` (default ``self.grace_s``)
+        in all, SIGKILL each one's group, and reap the children."""
         grace_s = self.grace_s if grace_s is None else grace_s
         procs = [self.procs[n] for n in (list(self.procs) if names is None else names) if n in self.procs]
         for p in procs:
-            signal_group(p, signal.SIGTERM)
+            _terminate(p)
         deadline = time.monotonic() + grace_s
         for p in procs:
             try:
@@ -86,6 +108,15 @@ class ProcessGroups:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+
+def _terminate(p: subprocess.Popen) -> None:
+    """SIGTERM the child itself (it stops its own helpers); nothing when it is gone."""
+    if p.poll() is None:
+        try:
+            p.terminate()
+        except ProcessLookupError:
+            pass
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:

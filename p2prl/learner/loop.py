@@ -35,14 +35,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from p2prl.config import Config
 from p2prl.learner.checkpoint import save_checkpoint
 from p2prl.learner.core import progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
-from p2prl.metrics import JsonlSink, lag_by_sampler, read_jsonl
+from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.rollout.verify import Verifier
@@ -108,6 +107,7 @@ class Learner:
         self.throughput = 0.0
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
+        self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot)
@@ -151,11 +151,13 @@ class Learner:
                                      timeout_s=cfg.rounds.timeout_s)
         if self.base_acc is None:
             self.base_acc = self.evaluate()
-        self.acc = self.best = self.base_acc
+        self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
+        self.best = max(self.base_acc, self.saved_acc[1] or 0.0)
+        self.complete_before = self.core.version >= t.steps
         log.info("learner %s serving run %r at version %d; peers can join via %s",
                  self.node.short_id, cfg.net.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
         self.sink = JsonlSink(self.out / "metrics.jsonl")
-        self.bar = tqdm(total=t.steps, initial=self.core.version, disable=not progress, dynamic_ncols=True, desc="learner")
+        self.bar = progress_bar(total=t.steps, initial=self.core.version, disable=not progress, desc="learner")
         self.last_check = self.started = self.version_since = time.time()
         self.missed = 0  # rounds at this version that found nobody
         self.membership.start_heartbeats()
@@ -274,11 +276,17 @@ class Learner:
         self.bar.close()
         self.sink.close()
         self.train_log.close()
-        lags = lag_by_sampler(read_jsonl(self.out / "train_log.jsonl"))
-        return {"version": self.core.version, "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
-                "wall_s": time.time() - self.started, "admission": dict(self.counts),
-                "membership": dict(self.membership.counts), "weights_bytes_served": self.store.bytes_served,
-                "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
+        lines = read_jsonl(self.out / "train_log.jsonl")
+        lags = lag_by_sampler(lines)
+        trained = sum(len(l["groups"]) for l in lines if "loaded_from" not in l)
+        summary = {"version": self.core.version, "steps": self.cfg.train.steps, "complete_before": self.complete_before,
+                   "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
+                   "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
+                   "admission": dict(self.counts), "membership": dict(self.membership.counts),
+                   "weights_bytes_served": self.store.bytes_served,
+                   "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
+        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
+                                              "training_log": self.out / "train_log.jsonl"})
 
     def close(self) -> None:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""
@@ -306,7 +314,8 @@ class Learner:
         with self.lock:
             state = self.ledger.checkpoint_state()
         save_checkpoint(self.out, self.core.policy, self.core.optimizer, self.core.scheduler, self.cfg,
-                        {"version": self.core.version, **state, "base_acc": self.base_acc})
+                        {"version": self.core.version, **state, "base_acc": self.base_acc, "last_acc": self.acc,
+                         "best_acc": self.best})
         with self.lock:  # lost groups retrained, and that on disk: their files can go
             self.ledger.checkpointed()
 

@@ -75,7 +75,7 @@ def test_verifier_recomputes_math_rewards_through_the_real_tokenizer(test_model)
 
 def test_train_math_on_the_test_model(test_model, tmp_path):
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "p2prl.cli", "train", "--config", CONFIG, "--no-progress",
+    r = subprocess.run([sys.executable, "-m", "p2prl.cli", "train", "--config", CONFIG, "--no-progress", "--json",
                         f"model.path={test_model}", f"train.out_dir={out}"],
                        capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]

@@ -37,7 +37,7 @@ def test_two_samplers_one_learner(peers, tmp_path):
     out = tmp_path / "learner"
     peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
     peers.join("s0", "sampler", maddr)
-    peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress",
+    peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress", "--json",
                        "--initial-peers", maddr, *FAST])  # behind NAT: outbound connections only
     def progressed():
         lines = read_jsonl(out / "train_log.jsonl")
@@ -142,7 +142,7 @@ def _children_gone(logs: Path) -> bool:
 
 def test_swarm_up_runs_and_ctrl_c_stops_every_child(tmp_path):
     root = Path(__file__).resolve().parents[2]
-    cmd = [sys.executable, "-m", "p2prl.cli", "swarm", "up", "--samplers", "1", "--no-progress", "--fresh",
+    cmd = [sys.executable, "-m", "p2prl.cli", "swarm", "up", "--samplers", "1", "--no-progress", "--fresh", "--json",
            "--config", "configs/default.toml", f"train.out_dir={tmp_path}/a", "train.steps=3", *FAST]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=root, start_new_session=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

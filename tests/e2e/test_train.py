@@ -41,6 +41,19 @@ def test_resume_continues_version_and_data_position(tmp_path):
     assert rows == [0, 1, 2, 3, 4, 5, 6]
 
 
+def test_a_run_ends_with_summary_json_and_a_plot_and_a_rerun_reports_the_saved_figures(tmp_path):
+    first = train(small(tmp_path), progress=False)
+    evals = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evals = [r["eval/heldout_acc"] for r in evals if "eval/heldout_acc" in r]
+    assert (first["base_acc"], first["final_acc"], first["best_acc"]) == (evals[0], evals[-1], max(evals))
+    assert first["groups"] == {"trained": 16, "dropped": 0, "rejected": 0} and not first["complete_before"]
+    assert json.loads((tmp_path / "summary.json").read_text()) == first
+    assert (tmp_path / "progress.png").read_bytes()[:4] == b"\x89PNG"
+    again = train(small(tmp_path), progress=False)
+    assert again["complete_before"] and again["version"] == 4 and again["groups"]["trained"] == 16
+    assert (again["base_acc"], again["final_acc"], again["best_acc"]) == (evals[0], evals[-1], max(evals))
+
+
 def test_checkpoint_from_another_config_is_refused(tmp_path):
     train(small(tmp_path), progress=False)
     with pytest.raises(CheckpointError, match="algo.name"):

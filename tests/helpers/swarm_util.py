@@ -62,7 +62,8 @@ class Peers:
         return f.read_text().split()[0]
 
     def join(self, name: str, role: str, maddr: str, *overrides: str, out: Path | None = None) -> subprocess.Popen:
-        args = ["join", "--role", role, "--loopback", "--no-progress", "--initial-peers", maddr, *FAST, *overrides]
+        args = ["join", "--role", role, "--loopback", "--no-progress", "--json", "--initial-peers", maddr, *FAST,
+                *overrides]  # --json: the summary at the end as JSON (last_json)
         if out is not None:
             args.append(f"train.out_dir={out}")
         return self.start(name, args)
@@ -79,7 +80,7 @@ class Peers:
 
 
 def last_json(text: str) -> dict:
-    """The last top-level JSON object a peer printed (its summary)."""
+    """The last top-level JSON object a peer printed (its summary, printed as JSON with ``--json``)."""
     start = text.rfind("\n{")
     return json.loads(text[start + 1 : text.index("\n}", start) + 2])
 
