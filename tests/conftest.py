@@ -4,6 +4,7 @@ import secrets
 import pytest
 
 from helpers.leftovers import SESSION_MARK, kill, left_behind
+from helpers.swarm_util import Peers
 from p2prl.policy import load_policy
 
 
@@ -11,6 +12,14 @@ from p2prl.policy import load_policy
 def builtin_policy():
     """The shipped base policy; tests that train must load their own copy."""
     return load_policy("builtin")
+
+
+@pytest.fixture
+def peers(tmp_path):
+    """Real peers on 127.0.0.1 in separate processes (tests/helpers/swarm_util.py), stopped after the test."""
+    p = Peers(tmp_path)
+    yield p
+    p.close()
 
 
 LEFT_BEHIND = pytest.StashKey[list[str]]()

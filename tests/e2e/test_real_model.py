@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
+from helpers.swarm_util import last_json, read_jsonl, wait_for
 from p2prl.config import ModelConfig, TaskConfig
 from p2prl.policy import load_policy
 from p2prl.policy.make_test_model import make_test_model
@@ -102,13 +102,6 @@ def test_cli_names_a_bad_math_file(test_model, tmp_path):
                         f"train.out_dir={tmp_path / 'run'}", f"task.path={bad}"],
                        capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 2 and f"{bad}, line 2: no field 'answer'" in r.stderr and "Traceback" not in r.stderr, r.stderr
-
-
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
 
 
 @pytest.mark.slow

@@ -9,14 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.swarm_util import FAST, Peers, last_json, read_jsonl, wait_for
-
-
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
+from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 
 
 def check_log(out):

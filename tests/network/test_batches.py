@@ -2,16 +2,8 @@
 
 import re
 
-import pytest
 
-from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
-
-
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
+from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 
 def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peers, tmp_path):

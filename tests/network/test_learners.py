@@ -19,13 +19,6 @@ from helpers.swarm_util import Peers, acknowledged_missing, history, last_json, 
 LEARNERS = ["rounds.group_size=4", "rounds.wait_s=1", "rounds.timeout_s=10"]  # FAST sets the batch
 
 
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
-
-
 def start_averagers(tmp_path, specs, group_size):
     """Start one avg_peer.py process per (name, seed, weight, extra args); return once all are ready."""
     env = dict(os.environ, GROUP=str(group_size), WAIT_S="3")

@@ -1,15 +1,7 @@
 """Real peers on 127.0.0.1: a peer whose config differs from the run's is refused at join."""
 
-import pytest
 
-from helpers.swarm_util import Peers, read_jsonl, wait_for
-
-
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
+from helpers.swarm_util import read_jsonl, wait_for
 
 
 def test_mismatching_peers_are_refused_at_join_with_both_values(peers, tmp_path):

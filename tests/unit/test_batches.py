@@ -7,7 +7,6 @@ from collections import Counter
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import SimpleNamespace
 
-import msgpack
 import numpy as np
 import pytest
 
@@ -17,30 +16,9 @@ from p2prl.sampler.loop import Pending, Sampler
 from p2prl.swarm.dht import new_record
 from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_room,
                                   send_window)
+from helpers.streams import Writer, frame
 
 
-def frame(payload: bytes) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    reader.feed_data(len(payload).to_bytes(8, "big") + payload)
-    reader.feed_eof()
-    return reader
-
-
-class Writer:
-    def __init__(self):
-        self.data = b""
-
-    def write(self, b):
-        self.data += bytes(b)
-
-    async def drain(self):
-        pass
-
-    def reply(self) -> dict:
-        return msgpack.unpackb(self.data[8:])
-
-
-# ---- codec ------------------------------------------------------------------------------------------
 def test_batch_round_trip_keeps_order_and_empty_records():
     records = [b"a" * 5, b"", b"\x00\x01" * 1000]
     assert decode_batch(encode_batch(records), max_groups=3) == records

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from p2prl import __version__
-from p2prl.cli import CONFIG_EPILOG, build_parser, main
+from p2prl.cli import CONFIG_EPILOG, main
 from p2prl.config import Config, ConfigError, all_keys, describe, load_config
 
 

@@ -15,6 +15,7 @@ from p2prl.policy.model import PolicyLoadError
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.protocol import MISSING, OK, WeightStore, pack, weights_handler
+from helpers.streams import Writer, frame
 
 
 class FakeNode:
@@ -41,24 +42,6 @@ class FakeNode:
 
     def shutdown(self):
         self.shut = True
-
-
-def frame(payload: bytes) -> asyncio.StreamReader:
-    reader = asyncio.StreamReader()
-    reader.feed_data(len(payload).to_bytes(8, "big") + payload)
-    reader.feed_eof()
-    return reader
-
-
-class Writer:
-    def __init__(self):
-        self.data = b""
-
-    def write(self, b):
-        self.data += bytes(b)
-
-    async def drain(self):
-        pass
 
 
 def test_failed_hellos_are_counted_and_logged_rate_limited(caplog):

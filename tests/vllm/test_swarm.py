@@ -2,16 +2,9 @@
 
 import pytest
 
-from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
+from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 pytestmark = pytest.mark.vllm
-
-
-@pytest.fixture
-def peers(tmp_path):
-    p = Peers(tmp_path)
-    yield p
-    p.close()
 
 
 def test_vllm_and_transformers_samplers_train_one_learner(peers, tmp_path, small_model):
