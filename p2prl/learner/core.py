@@ -15,6 +15,7 @@ from safetensors.torch import save as st_save
 
 from p2prl.algo import LOSSES, group_advantages, loss_kwargs
 from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
+from p2prl.algo.mismatch import logprob_mismatch
 from p2prl.learner.checkpoint import load_optimizer, read_state
 from p2prl.config import Config
 from p2prl.policy import Policy, load_policy, sequence_logprobs
@@ -95,12 +96,18 @@ class LearnerCore:
         micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows], self.cfg.train.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         parts = []  # (metrics, rows, masked tokens) per loss call
+        fresh = torch.tensor([groups[i // G].policy_version == self.version for i in range(len(rows))])  # lag 0 rows
+        mismatch = []  # (mismatch metrics, rows) of lag-0 rows per micro-batch
         for mb in micro:
             idx = [i for u in mb for i in u]
             batch = collate_rows([rows[i] for i in idx], self.policy.pad_id)
             batch["adv"] = adv[idx]
             batch = {k: v.to(model.device) for k, v in batch.items()}
             logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature)  # (b, T)
+            at0 = fresh[idx].to(model.device)
+            if at0.any():  # same weights as the sampler: what is left is the inference engine's mismatch
+                mismatch.append((logprob_mismatch(batch["logq"][at0], logp.detach()[at0], batch["mask"][at0].bool()),
+                                 int(at0.sum())))
             total, start = 0.0, 0
             for piece in mb if chunked else [idx]:  # one loss per denominator chunk, or one for all the groups
                 sl = slice(start, start + len(piece))
@@ -117,6 +124,10 @@ class LearnerCore:
         m["rollout/reward"] = float(rewards.mean())
         m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
         m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
+        if mismatch:
+            n = sum(k for _, k in mismatch)
+            m["rollout/lag0_logprob_abs"] = sum(x["abs"] * k for x, k in mismatch) / n
+            m["rollout/lag0_k3"] = sum(x["k3"] * k for x, k in mismatch) / n
         return flat.float().cpu(), m
 
     def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:

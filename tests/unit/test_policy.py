@@ -181,3 +181,22 @@ def test_bfloat16_policy_trains_and_publishes_in_bfloat16(tmp_path):
     assert serialize_weights(policy.model)[1] != sha
     with pytest.raises(ValueError, match="dtype"):
         load_weights(other.model, st_save({k: v.long() for k, v in st_load(blob).items()}))
+
+
+def test_lag0_mismatch_is_logged_only_for_groups_of_the_current_version(builtin_policy):
+    """At lag 0 sampler and learner hold the same weights: the logged mismatch is the engine's, tiny here."""
+    import copy
+
+    from p2prl.config import load_config
+    from p2prl.learner.core import LearnerCore
+    from p2prl.sampler.core import SamplerCore
+    from p2prl.tasks import make_task
+
+    cfg = load_config(None, ["sampling.group_size=4"])
+    core = LearnerCore(copy.deepcopy(builtin_policy), cfg)
+    groups = SamplerCore(builtin_policy, make_task(cfg.task), cfg, "run", "s").rollout([0, 1])
+    _, m = core.gradient(groups)
+    assert 0 <= m["rollout/lag0_logprob_abs"] < 1e-5 and 0 <= m["rollout/lag0_k3"] < 1e-9
+    core.version = 1  # the same groups, now one version old
+    _, m = core.gradient(groups)
+    assert "rollout/lag0_logprob_abs" not in m and "rollout/lag0_k3" not in m
