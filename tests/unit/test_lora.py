@@ -10,7 +10,7 @@ from p2prl.config import Config, ConfigError, load_config
 from p2prl.learner.core import LearnerCore, collate
 from p2prl.policy import PolicyLoadError, load_policy, sequence_logprobs
 from p2prl.policy.backends.hf import HFGenerator
-from p2prl.policy.weights import BASE_KEY, load_weights, serialize_weights
+from p2prl.policy.weights import BASE_KEY, _metadata, load_weights, serialize_weights
 from p2prl.sampler.core import SamplerCore
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, differences, model_hash, run_config
 from p2prl.tasks.addition import AdditionTask
@@ -67,8 +67,6 @@ def test_published_version_is_the_adapters_over_the_base_hash(trained):
     assert all(t.dtype == torch.float32 for t in tensors.values())
     full = serialize_weights(load_policy("builtin").model)[0]
     assert len(blob) < len(full) / 5
-    from p2prl.policy.weights import _metadata
-
     assert _metadata(blob) == {BASE_KEY: model_hash("builtin")}
     again = LearnerCore(load_policy("builtin", cfg.model), cfg)
     load_weights(again.policy.model, blob)
