@@ -12,7 +12,7 @@ import os
 import tomllib
 import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -29,6 +29,14 @@ class ModelConfig(_Section):
         "float32", description="Dtype of the model weights (trained and published in it); log-prob math stays float32."
     )
     gradient_checkpointing: bool = Field(False, description="Learner: recompute activations in the backward pass (less memory, more time).")
+    lora_rank: int = Field(0, ge=0, le=4096, description="LoRA (peft) adapter rank; 0 = off (the whole model is trained and every version is the full weights). On: learners train only the adapters and a version is the adapter weights over the base folder.")
+    lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA scaling numerator (the adapter's output is scaled by lora_alpha / lora_rank).")
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training (0 keeps the learner's log-probs deterministic).")
+    lora_targets: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=200)]] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        min_length=1, max_length=64,
+        description="Names of the linear modules that get adapters (default: attention and MLP projections of Qwen2/Llama-like models).",
+    )
 
 
 class TaskConfig(_Section):

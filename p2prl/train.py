@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from p2prl.rollout.admission import AdmissionBuffer
-from p2prl.learner.checkpoint import save_checkpoint
+from p2prl.learner.checkpoint import load_checkpoint_policy, save_checkpoint
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.learner.evaluate import heldout_accuracy
@@ -47,7 +47,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
 
     task = make_task(cfg.task)
     learner, state = resume_learner(cfg, out)
-    policy = load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model)
+    policy = load_checkpoint_policy(out, cfg) if state else load_policy(cfg.model.path, cfg.model)
     sampler = SamplerCore(policy, task, cfg, RUN_ID, peer_id="sampler0", generator=make_generator(policy, cfg))
     tok = learner.policy.tokenizer
     verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)

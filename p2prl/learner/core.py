@@ -16,7 +16,7 @@ from safetensors.torch import save as st_save
 from p2prl.algo import LOSSES, group_advantages, loss_kwargs
 from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
 from p2prl.algo.mismatch import logprob_mismatch
-from p2prl.learner.checkpoint import load_optimizer, read_state
+from p2prl.learner.checkpoint import load_checkpoint_policy, load_optimizer, read_state
 from p2prl.config import Config
 from p2prl.policy import Policy, load_policy, sequence_logprobs
 from p2prl.rollout.record import RolloutGroup
@@ -62,7 +62,10 @@ class LearnerCore:
         self.policy, self.cfg = policy, cfg
         self.version = 0
         t = cfg.train
-        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=t.lr, weight_decay=t.weight_decay)
+        # what is trained, exchanged and stepped: every parameter, or a LoRA policy's adapters
+        self.params = [p for p in policy.model.parameters() if p.requires_grad]
+        self.n_params = sum(p.numel() for p in self.params)
+        self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
         warmup = max(1, round(t.warmup_frac * t.steps))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
         if cfg.model.gradient_checkpointing:
@@ -76,7 +79,7 @@ class LearnerCore:
         return LOSSES[a.name](logp, batch["logq"], batch["mask"], batch["adv"], **loss_kwargs(a, G))
 
     def gradient(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
-        """The flat mean gradient of the loss on ``groups`` (parameters in ``model.parameters()`` order, float32, cpu).
+        """The flat mean gradient of the loss on ``groups`` (over ``self.params`` in order, float32, cpu).
 
         The loss is taken per group or, for GEPO with scope "batch", per chunk of ``algo.batch_rows``
         rows of the step shuffled (seeded by the version): each chunk is its own denominator, as in
@@ -117,8 +120,7 @@ class LearnerCore:
                 total = total + loss * (len(piece) / len(rows))
                 parts.append((m, len(piece), float(sub["mask"].sum()) if a.name == "grpo" else 0.0))
             total.backward()
-        params = list(model.parameters())
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         self.optimizer.zero_grad(set_to_none=True)
         m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
         m["rollout/reward"] = float(rewards.mean())
@@ -133,11 +135,11 @@ class LearnerCore:
     def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
         """Clip ``flat_grad``, take one optimizer step with it; advances the policy version."""
         offset = 0
-        for p in self.policy.model.parameters():
+        for p in self.params:
             p.grad = flat_grad[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype, copy=True)
             offset += p.numel()
         metrics = {"loss/grad_norm": float(
-            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), self.cfg.train.max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.max_grad_norm)
         )}
         self.optimizer.step()
         self.scheduler.step()
@@ -153,9 +155,9 @@ class LearnerCore:
 
     # ---- state shared between learners (weights + optimizer), typed: safetensors + ints ----------
     def optimizer_blob(self) -> bytes:
-        """The AdamW state as safetensors bytes (``<param index>.<name>``)."""
+        """The AdamW state as safetensors bytes (``<index in self.params>.<name>``)."""
         tensors = {}
-        for i, p in enumerate(self.policy.model.parameters()):
+        for i, p in enumerate(self.params):
             for name, t in self.optimizer.state.get(p, {}).items():
                 tensors[f"{i}.{name}"] = t.detach().contiguous().cpu()
         return st_save(tensors)
@@ -163,7 +165,7 @@ class LearnerCore:
     def load_state(self, weights: bytes, optimizer: bytes, version: int) -> None:
         """Load a peer's weights (safetensors) and ``optimizer_blob`` bytes at ``version``; validated first."""
         got = st_load(optimizer)
-        params = list(self.policy.model.parameters())
+        params = self.params
         state: dict = {}
         for k, t in got.items():
             idx, _, name = k.partition(".")
@@ -189,7 +191,7 @@ class LearnerCore:
 def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:
     """The learner at the checkpoint in ``out`` (fresh from ``cfg.model.path`` if none) and its saved state."""
     state = read_state(out, cfg) or {}
-    core = LearnerCore(load_policy(out / "checkpoint" if state else cfg.model.path, cfg.model), cfg)
+    core = LearnerCore(load_checkpoint_policy(out, cfg) if state else load_policy(cfg.model.path, cfg.model), cfg)
     if state:
         load_optimizer(out, core.optimizer, core.scheduler)
         core.version = state["version"]

@@ -145,7 +145,7 @@ class Learner:
         self.membership.heartbeat()  # samplers can start while the base policy is evaluated
         self.sync.serve()
         self.membership.serve()
-        self.n_params = sum(p.numel() for p in self.core.policy.model.parameters())
+        self.n_params = self.core.n_params  # the trainable ones
         self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
                                      target_group_size=cfg.rounds.group_size, wait_s=cfg.rounds.wait_s,
                                      timeout_s=cfg.rounds.timeout_s)

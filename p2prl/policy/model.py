@@ -7,6 +7,7 @@ loading is ``local_files_only``.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,7 +83,47 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if settings and settings.lora_rank:
+        model = add_lora(model, settings, folder)
     return Policy(model=model.to(device), tokenizer=tokenizer)
+
+
+LORA_INIT_SEED = 0
+"""Seed of the adapters' initialisation: every learner of a run starts from the same version 0."""
+
+
+def add_lora(model: torch.nn.Module, settings: ModelConfig, folder: Path) -> torch.nn.Module:
+    """``model`` wrapped with peft LoRA adapters as ``settings`` says; only the adapters are trainable.
+
+    The adapters are initialised from a fixed seed (lora_B is zero, so version 0 computes what
+    the base does) and remember the sha256 of the base folder they sit on (``base_sha256``),
+    which every serialized adapter carries.
+    """
+    from peft import LoraConfig, get_peft_model
+
+    from p2prl.swarm.runconfig import model_hash
+
+    config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
+                        target_modules=list(settings.lora_targets), bias="none")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(LORA_INIT_SEED)
+        try:
+            model = get_peft_model(model, config)
+        except ValueError as e:  # e.g. no module of the model is named like a target
+            raise PolicyLoadError(f"model.lora_targets={list(settings.lora_targets)} do not fit the model in {folder}: {e}") from e
+    model.base_sha256 = model_hash(str(folder))
+    return model
+
+
+def is_lora(model: torch.nn.Module) -> bool:
+    """True for a policy model wrapped with LoRA adapters (``add_lora``)."""
+    peft = sys.modules.get("peft")  # never imported: no model is wrapped
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def hf_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model itself: the base of a LoRA policy (with the adapters in its layers), else ``model``."""
+    return model.get_base_model() if is_lora(model) else model
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -162,12 +162,14 @@ Scalar = int | float | str | bool | None
 class RunConfigRecord(_Record):
     """What every peer of a run must agree on, published by learners: ``key(run_id, "config")``, subkey = learner.
 
-    ``model``: sha256 of the base model folder; ``task``: the task's fingerprint (name, settings,
-    data hash); the rest are config sections, flat maps of scalars.
+    ``model``: sha256 of the base model folder; ``lora``: the LoRA adapter settings (``{"lora_rank": 0}``
+    when off); ``task``: the task's fingerprint (name, settings, data hash); the rest are config
+    sections, flat maps of scalars.
     """
 
     MAX_BYTES: ClassVar[int] = 16384
     model: str = Field(pattern=r"^[0-9a-f]{64}$")
+    lora: dict[str, Scalar] = Field(default_factory=dict, max_length=16)
     task: str = Field(max_length=1024)
     sampling: dict[str, Scalar] = Field(max_length=64)
     algo: dict[str, Scalar] = Field(max_length=64)

@@ -1,6 +1,6 @@
 """The run's config in the DHT: a peer whose model, task or settings differ from the run's is refused at join.
 
-Learners publish a ``RunConfigRecord`` with their heartbeat. A sampler compares the model,
+Learners publish a ``RunConfigRecord`` with their heartbeat. A sampler compares the model (base hash and LoRA settings),
 task and sampling settings with every live learner's record before it generates anything;
 a learner compares those and the algorithm and optimizer settings before it trains. A
 mismatch stops the peer with both values of every differing key, instead of letting it
@@ -18,9 +18,10 @@ from p2prl.policy.model import BUILTIN_MODEL
 from p2prl.swarm.dht import RunConfigRecord
 from p2prl.tasks import Task
 
-SAMPLER_SECTIONS = ("model", "task", "sampling")
+SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")
 LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim")
 PEER_LOCAL = ("backend",)  # sampling keys each peer chooses for itself (how it generates, not what)
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "weight_decay", "max_grad_norm")
 # files that decide what a model folder computes (weights, architecture, tokenizer, chat template)
 MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
@@ -51,10 +52,18 @@ def model_hash(path: str) -> str:
     return _folder_hash(folder, stamp)
 
 
+def lora_settings(cfg: Config) -> dict:
+    """The model's LoRA settings as flat scalars (targets comma-joined); only the rank when LoRA is off."""
+    m = cfg.model
+    if not m.lora_rank:
+        return {"lora_rank": 0}
+    return {k: ",".join(sorted(v)) if isinstance(v, list) else v for k in LORA_KEYS for v in [getattr(m, k)]}
+
+
 def run_config(cfg: Config, task: Task) -> RunConfigRecord:
     """This peer's view of the run's config."""
     return RunConfigRecord(
-        model=model_hash(cfg.model.path), task=task.fingerprint(),
+        model=model_hash(cfg.model.path), lora=lora_settings(cfg), task=task.fingerprint(),
         sampling={k: v for k, v in cfg.sampling.model_dump().items() if k not in PEER_LOCAL}, algo=cfg.algo.model_dump(),
         optim={k: getattr(cfg.train, k) for k in OPTIM_KEYS},
     )

@@ -11,9 +11,11 @@ from p2prl.policy import load_policy
 from p2prl.train import train
 
 
+SMALL = ["train.steps=4", "train.groups_per_step=4", "train.eval_every=2", "train.checkpoint_every=2", "task.heldout_size=64"]
+
+
 def small(tmp_path, *extra):
-    return load_config(None, [f"train.out_dir={tmp_path}", "train.steps=4", "train.groups_per_step=4",
-                              "train.eval_every=2", "train.checkpoint_every=2", "task.heldout_size=64", *extra])
+    return load_config(None, [f"train.out_dir={tmp_path}", *SMALL, *extra])
 
 
 def test_train_updates_every_parameter_and_logs(tmp_path):
@@ -110,3 +112,31 @@ def test_learner_state_from_a_peer_reproduces_its_next_step_bit_for_bit(tmp_path
     assert b.version == a.version == 4
     assert b.scheduler.get_last_lr() == a.scheduler.get_last_lr()
     assert serialize_weights(a.policy.model)[1] == serialize_weights(b.policy.model)[1]
+
+
+def test_lora_train_runs_from_the_cli_and_resumes_bit_identically(tmp_path):
+    """`p2prl train model.lora_rank=4`: adapters train, the checkpoint holds only them, and a run
+    stopped at version 4 and resumed ends where a straight run ends, bit for bit."""
+    from p2prl.learner.checkpoint import ADAPTER_FILE, load_checkpoint_policy
+
+    lora = ["model.lora_rank=4", "train.lr=1e-2", "train.steps=6"]
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    cfg = small(straight, *lora)
+    r = subprocess.run([sys.executable, "-m", "p2prl.cli", "train", "--no-progress", f"train.out_dir={straight}", *SMALL, *lora],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    ckpt = straight / "checkpoint"
+    assert (ckpt / ADAPTER_FILE).is_file() and not list(ckpt.glob("model*.safetensors"))
+    base, trained = load_policy("builtin"), load_checkpoint_policy(straight, cfg)
+    assert trained.model.get_base_model().model.embed_tokens.weight.equal(base.model.model.embed_tokens.weight)
+    fresh = load_policy("builtin", cfg.model).model
+    for (n, p), q in zip(trained.model.named_parameters(), fresh.parameters()):
+        assert p.equal(q) != p.requires_grad, f"{n}: adapters must change, base parameters must not"
+
+    train(small(resumed, *lora, "train.steps=4"), progress=False)
+    train(small(resumed, *lora), progress=False)
+    assert (resumed / "checkpoint" / ADAPTER_FILE).read_bytes() == (ckpt / ADAPTER_FILE).read_bytes()
+    rows = lambda d: {(j := json.loads(l))["step"]: j for l in (d / "metrics.jsonl").read_text().splitlines()}
+    a, b = rows(straight), rows(resumed)
+    for step in (5, 6):
+        assert a[step]["loss/kl_k3"] == b[step]["loss/kl_k3"] and a[step]["rollout/reward"] == b[step]["rollout/reward"]

@@ -40,3 +40,12 @@ def test_logprob_mismatch():
     k3 = torch.expm1(torch.tensor(0.1)) - 0.1
     assert m["abs"] == pytest.approx(0.1) and m["max_abs"] == pytest.approx(0.1)
     assert m["k3"] == pytest.approx(float(k3))
+
+
+def test_vllm_with_lora_is_refused_with_a_clear_error():
+    from p2prl.config import ConfigError, load_config
+    from p2prl.policy.backends import make_generator
+
+    cfg = load_config(None, ["sampling.backend=vllm", "model.lora_rank=4"])
+    with pytest.raises(ConfigError, match="lora_rank > 0"):
+        make_generator("builtin", cfg)

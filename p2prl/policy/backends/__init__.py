@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from p2prl.config import Config
+from p2prl.config import Config, ConfigError
 from p2prl.policy.backends.base import Generator
 from p2prl.policy.model import BUILTIN_MODEL, Policy, load_policy
 
@@ -22,6 +22,9 @@ def make_generator(policy_or_path: Policy | str | Path, cfg: Config) -> Generato
     """
     s = cfg.sampling
     if s.backend == "vllm":
+        if cfg.model.lora_rank:
+            raise ConfigError("sampling.backend='vllm' with model.lora_rank > 0: LoRA versions are adapter tensors, "
+                              "which the vLLM backend does not load yet; use sampling.backend='transformers'")
         from p2prl.policy.backends.vllm import VLLMGenerator
 
         if isinstance(policy_or_path, Policy):

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from p2prl.policy.backends.base import Completions
-from p2prl.policy.model import Policy, left_pad
+from p2prl.policy.model import Policy, hf_model, left_pad
 from p2prl.policy.weights import load_weights
 
 
@@ -83,7 +83,7 @@ def generate(
     was_training = model.training
     model.eval()
     record = _ChosenLogProbs(temperature)
-    hook = model.register_forward_hook(record, with_kwargs=True)
+    hook = hf_model(model).register_forward_hook(record, with_kwargs=True)  # a LoRA policy's generate runs its base
     try:
         sequences = model.generate(
             input_ids=ids,
