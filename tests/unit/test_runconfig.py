@@ -56,6 +56,8 @@ def test_samplers_share_model_task_and_sampling_learners_also_algo_and_optim():
     with pytest.raises(RunConfigMismatch, match="task: the run has 'addition:digits=2"):
         check(run, record("task.digits=3"), "sampler", "r")
     check(run, record(), "learner", "r")
+    check(run, record("sampling.backend=vllm", "sampling.vllm_kv_cache_gib=0.25", "sampling.vllm_dtype=bfloat16"),
+          "sampler", "r")  # how a peer generates is its own choice
     check({}, record("sampling.group_size=4"), "sampler", "r")  # no learner yet: nothing to compare
 
 
