@@ -236,8 +236,11 @@ class Learner:
         v, self.version_since, self.missed = self.core.version, time.time(), 0
         weights_blob, sha = serialize_weights(self.core.policy.model)
         # on disk before anyone hears of v: every published version has its training-log line and own groups
+        with self.lock:  # own groups of a lost history, retrained outside the window by design
+            retrained = [g.group_id for g in batch if g.group_id in self.buffer.retrain]
         self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": r.learners,
-                                         "samples": r.weight, "own": len(batch), "groups": r.tags}) + "\n")
+                                         "samples": r.weight, "own": len(batch), "groups": r.tags,
+                                         "retrained": retrained}) + "\n")
         self.ledger.own.write(v, batch)
         # alone: confirmed at once only once we have been around long enough to have heard of the others
         settled_in = time.time() - self.started > 2 * self.node.ttl

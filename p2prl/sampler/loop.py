@@ -260,8 +260,9 @@ class Sampler:
                         self.free[learner] = reply["free"]
                 except Exception as e:
                     self._failed(learner, "asking for acks", e)
-                    for gid in ids:
+                    for gid in ids:  # its learner did not answer: they go to whichever learner is usable
                         self.outbox[gid].learner = None
+                    self.counts["send/resend"] += len(ids)
                     break
                 for gid in ids[i : i + 1024]:
                     state = states.get(gid, "unknown")

@@ -47,7 +47,7 @@ def swarm_up(out: Path, *extra: str) -> list[str]:
             "--config", "configs/default.toml", f"train.out_dir={out}", *FAST, *extra]
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, pytest.param(signal.SIGHUP, marks=pytest.mark.slow), signal.SIGKILL])
 def test_a_signal_to_swarm_up_leaves_no_process_of_its_tree(tmp_path, sig):
     up = subprocess.Popen(swarm_up(tmp_path, "train.steps=100000"), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           cwd=ROOT, start_new_session=True)

@@ -114,6 +114,7 @@ def test_learner_state_from_a_peer_reproduces_its_next_step_bit_for_bit(tmp_path
     assert serialize_weights(a.policy.model)[1] == serialize_weights(b.policy.model)[1]
 
 
+@pytest.mark.slow  # LoRA's step, publication and resume are unit-tested (tests/unit/test_lora.py); this is the CLI run
 def test_lora_train_runs_from_the_cli_and_resumes_bit_identically(tmp_path):
     """`p2prl train model.lora_rank=4`: adapters train, the checkpoint holds only them, and a run
     stopped at version 4 and resumed ends where a straight run ends, bit for bit."""

@@ -149,7 +149,11 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     slow_learner = [l for l in read_jsonl(outs["b"] / "train_log.jsonl") if l.get("learners", 0) >= 2 and l["own"]]
     assert slow_learner, "the slow learner never contributed to a round"
     fast, slow = (acks[i].read_text().split()[0].split("/")[0] for i in range(2))
-    assert max(max(h) for h in lag_by_sampler(chain).values()) <= 8, "a group older than the staleness window was trained"
+    # groups of a history that lost (a learner that stepped alone, then loaded another's state) are retrained
+    # later, outside the window, by design; every other group is trained inside it
+    retrained = {gid for d in outs.values() for l in read_jsonl(d / "train_log.jsonl") for gid in l.get("retrained", [])}
+    in_window = [dict(l, groups=[t for t in l["groups"] if t[0] not in retrained]) for l in chain]
+    assert max(max(h) for h in lag_by_sampler(in_window).values() if h) <= 8, "a group older than the window was trained"
     hist = lag_by_sampler([l for l in chain if l["version"] <= v_kill])
     assert sum(hist[slow].values()) >= 4 and sum(hist[fast].values()) >= 4
     # the slow sampler's groups are older when they arrive (medians: a few groups caught in a catch-up skew means)
