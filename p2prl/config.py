@@ -185,10 +185,7 @@ class FlowConfig(_Section):
     max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0, description="Largest weight file a sampler accepts.")
     keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
-    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="Groups a learner keeps waiting in all (never fewer than train.groups_per_step); beyond that it answers `busy` and the sampler retries later. A sampler pauses while every learner reports at least this many groups waiting.")
-    max_queue_per_sampler: int = Field(32, ge=1, le=1_000_000, description="Groups of one sampler a learner keeps waiting (never fewer than train.groups_per_step); beyond that it answers `busy`, so near samplers cannot crowd out far ones.")
-    max_batch_groups: int = Field(32, ge=1, le=4096, description="Most groups in one `rollouts` stream (a learner refuses more); also the largest send window of a sampler.")
-    max_batch_mb: float = Field(64.0, gt=0.0, le=65536.0, description="Most bytes of records in one `rollouts` stream (at least one record of flow.max_record_mb always fits).")
+    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
 
 

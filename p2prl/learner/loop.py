@@ -49,8 +49,7 @@ from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
-from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, WeightStore, batch_frame_limit,
-                                  decode_batch, pack, queue_room, unpack_map, weights_handler)
+from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
@@ -90,10 +89,6 @@ class Learner:
         self.verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
                                  cfg.net.run_id, s.group_size, s.max_new_tokens)
         self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
-        f, per_step = cfg.flow, cfg.train.groups_per_step
-        self.batch_limit = batch_frame_limit(f.max_batch_groups, int(f.max_batch_mb * 2**20), self.limits.max_bytes)
-        # waiting groups kept per sampler and in all; never fewer than one step's batch, or no batch could form
-        self.queue_bounds = (max(f.max_queue_per_sampler, per_step), max(f.max_learner_queue, per_step))
         self.lock = threading.Condition()  # guards the ledger and its admission buffer
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
@@ -133,7 +128,6 @@ class Learner:
         cfg, t = self.cfg, self.cfg.train
         others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
-        self.node.serve("rollouts", self.on_rollouts)
         self.node.serve("rollout", self.on_rollout)
         self.node.serve("acks", self.on_acks)
         self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
@@ -401,23 +395,6 @@ class Learner:
             log.exception("internal error on a record from %s: %s", peer[-6:], e)
             return "rejected", "internal"
 
-    def room(self, peer: str) -> int:
-        """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
-        waiting = self.buffer.pending + self.buffer.first
-        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds)
-
-    def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
-        """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
-        (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
-        out = []
-        for data in records:
-            with self.lock:
-                busy = self.room(peer) <= 0
-                if busy:
-                    self.counts["busy"] += 1
-            out.append(("busy", "queue_full") if busy else self.admit(data, peer))
-        return out
-
     async def on_rollout(self, peer: str, reader, writer) -> None:
         try:
             data = await read_frame(reader, self.limits.max_bytes)
@@ -427,28 +404,10 @@ class Learner:
             log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
             await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
             return
-        [(status, reason)] = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, [data], peer)
+        status, reason = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit, data, peer)
         with self.lock:
             queue = len(self.buffer)
         await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
-
-    async def on_rollouts(self, peer: str, reader, writer) -> None:
-        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space."""
-        results, error = [], ""
-        try:
-            records = decode_batch(await read_frame(reader, self.batch_limit), self.cfg.flow.max_batch_groups)
-            results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, records, peer)
-        except (FrameError, BatchError) as e:
-            error = e.reason if isinstance(e, BatchError) else "oversized"
-            with self.lock:
-                self.counts[f"rejected/batch_{error}"] += 1
-                n = self.counts[f"rejected/batch_{error}"]
-            if n <= 5 or n % 100 == 0:
-                log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
-        with self.lock:
-            queue, free = len(self.buffer), self.room(peer)
-        reply = {"results": [list(r) for r in results], "queue": queue, "free": free}
-        await write_frame(writer, pack({**reply, "error": error} if error else reply))
 
     async def on_acks(self, peer: str, reader, writer) -> None:
         try:
@@ -461,8 +420,8 @@ class Learner:
         ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
         with self.lock:
             states = self.ledger.states_of(ids)
-            queue, free = len(self.buffer), self.room(peer)
-        await write_frame(writer, pack({"states": states, "queue": queue, "free": free}))
+            queue = len(self.buffer)
+        await write_frame(writer, pack({"states": states, "queue": queue}))
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:

@@ -118,8 +118,7 @@ def test_rollout_admission_runs_off_the_network_loop():
     from concurrent.futures import ThreadPoolExecutor
 
     learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
-                              admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), buffer=[],
-                              admit_batch=lambda records, peer: [admit(d, peer) for d in records])
+                              admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), admit=admit, buffer=[])
 
     async def both():
         ticks = 0
