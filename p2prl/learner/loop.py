@@ -404,7 +404,11 @@ class Learner:
             log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
             await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
             return
-        status, reason = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit, data, peer)
+        try:
+            status, reason = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit, data, peer)
+        except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
+            log.debug("stopping: left a record from %s unanswered", peer[-6:])
+            return
         with self.lock:
             queue = len(self.buffer)
         await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))

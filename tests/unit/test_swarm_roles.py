@@ -174,3 +174,20 @@ def test_state_reply_round_trip_and_checks():
     newer = PolicyRecord(version=6, sha256="cd" * 32, size=1, weight=1)
     assert ahead_of(mine, [("me", newer), ("b", mine)], "me") is None
     assert ahead_of(mine, [("b", same_v_more_samples), ("c", newer)], "me") == ("c", newer)
+
+
+def test_a_record_arriving_while_the_learner_stops_is_left_unanswered_without_a_traceback(caplog):
+    """After the admission thread is shut, a late record gets no answer (its sampler resends), not an error."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    admission = ThreadPoolExecutor(1)
+    admission.shutdown()
+    learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
+                              admission=admission, admit=lambda data, peer: ("accepted", ""), buffer=[])
+    w = Writer()
+    async def late():  # the reader is made inside the loop, as on a real stream
+        await Learner.on_rollout(learner, "peer", frame(b"record"), w)
+
+    with caplog.at_level(logging.DEBUG, logger="p2prl.learner"):
+        asyncio.run(late())
+    assert w.data == b"" and not [r for r in caplog.records if r.name == "p2prl.learner" and r.levelno >= logging.WARNING]
