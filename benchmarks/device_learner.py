@@ -27,23 +27,12 @@ import time
 import types
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _synthetic import random_groups  # noqa: E402
+
 G, PROMPT = 8, 32
 SIZES = {"gpu": dict(completions=64, tokens=512, gen_prompts=8, gen_tokens=256),
          "smoke": dict(completions=16, tokens=16, gen_prompts=2, gen_tokens=8)}
-
-
-def random_groups(vocab: int, completions: int, tokens: int, seed: int = 0):
-    import numpy as np
-
-    from p2prl.rollout.record import RolloutGroup
-
-    rng = np.random.default_rng(seed)
-    return [RolloutGroup(
-        group_id=f"check/{k}", run_id="check", prompt_id=k, policy_version=0, weights_sha256="",
-        prompt_ids=rng.integers(3, vocab, PROMPT).astype(np.int32),
-        tokens=rng.integers(3, vocab, (G, tokens)).astype(np.int32), lengths=np.full(G, tokens, np.int32),
-        logq=(-np.log(vocab) + rng.normal(0, 0.05, (G, tokens))).astype(np.float32),
-        rewards=rng.integers(0, 2, G).astype(np.float32)) for k in range(completions // G)]
 
 
 def qwen05b_shaped():
@@ -77,7 +66,7 @@ def check(name: str, policy, device: str, dtype: str, completions: int, tokens: 
     cfg = Config.model_validate({"model": {"device": device, "dtype": dtype}, "sampling": {"group_size": G},
                                  "train": {"micro_batch_tokens": 2 * G * (PROMPT + tokens)}})
     core = LearnerCore(policy, cfg)
-    groups = random_groups(vocab, completions, tokens)
+    groups = random_groups(vocab, completions, tokens, G, PROMPT)
     peak = (lambda: torch.cuda.max_memory_allocated() / 2**30) if cuda else (lambda: None)
     if cuda:
         torch.cuda.reset_peak_memory_stats()

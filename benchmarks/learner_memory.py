@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section  # noqa: E402
+from _synthetic import random_groups  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 G, PROMPT, VOCAB = 8, 32, 32_000
@@ -69,24 +70,6 @@ def build_policy():
     return Policy(model=model, tokenizer=tok)
 
 
-def rollout_groups(completions: int, tokens: int):
-    import numpy as np
-
-    from p2prl.rollout.record import RolloutGroup
-
-    rng = np.random.default_rng(0)
-    groups = []
-    for k in range(completions // G):
-        groups.append(RolloutGroup(
-            group_id=f"bench/{k}", run_id="bench", prompt_id=k, policy_version=0, weights_sha256="",
-            prompt_ids=rng.integers(2, VOCAB, PROMPT).astype(np.int32),
-            tokens=rng.integers(2, VOCAB, (G, tokens)).astype(np.int32),
-            lengths=np.full(G, tokens, np.int32),
-            logq=(-np.log(VOCAB) + rng.normal(0, 0.05, (G, tokens))).astype(np.float32),
-            rewards=rng.integers(0, 2, G).astype(np.float32)))
-    return groups
-
-
 def child_learner(variant: str, a: argparse.Namespace, out: Path) -> dict:
     import numpy as np
     import torch
@@ -94,7 +77,7 @@ def child_learner(variant: str, a: argparse.Namespace, out: Path) -> dict:
     from p2prl.config import Config
     from p2prl.learner.core import LearnerCore
 
-    policy, groups = build_policy(), rollout_groups(a.completions, a.tokens)
+    policy, groups = build_policy(), random_groups(VOCAB, a.completions, a.tokens, G, PROMPT)
     micro = a.micro_groups * G * (PROMPT + a.tokens) if variant == "micro" else 0
     cfg = Config.model_validate({"algo": {"name": "gepo"}, "sampling": {"group_size": G},
                                  "train": {"micro_batch_tokens": micro}, "model": {"device": "cpu"}})

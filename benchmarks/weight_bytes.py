@@ -113,7 +113,7 @@ def main() -> None:
         m = measured(a.rank, Path(tmp))
         ext = extrapolated(a.rank, Path(tmp))
     h = m["header_per_tensor"]
-    rows = [f"| variant | parameters sent | bytes per version | vs fp32 full |", "|---|---:|---:|---:|"]
+    rows = ["| variant | parameters sent | bytes per version | vs fp32 full |", "|---|---:|---:|---:|"]
     for label, params, size in [("full, float32", m["params"], m["fp32"]), ("full, bfloat16", m["params"], m["bf16"]),
                                 (f"LoRA rank {a.rank} (float32 adapters)", m["lora_params"], m["lora"])]:
         rows.append(f"| {label} | {params / 1e6:.2f}M | {fmt_bytes(size)} ({size:,} B) | {size / m['fp32']:.4f} |")
