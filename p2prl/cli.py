@@ -28,6 +28,7 @@ CONFIG_EPILOG = (
     "  net       run id, bootstrap peers, addresses, timeouts\n"
     "  flow      record and weight sizes, queues, uploads\n"
     "  rounds    gradient rounds between the learners of a run\n"
+    "  trust     run authority, log-prob spot checks, bans, per-peer limits (docs/security.md)\n"
     "  testing   knobs for tests and benchmarks\n"
     "`p2prl config show` lists every key with its bound, default, current value and description."
 )

@@ -198,6 +198,21 @@ class RoundsConfig(_Section):
     history_versions: int = Field(256, ge=1, le=65536, description="Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses to another learner's it can retrain its own groups of the lost versions.")
 
 
+class TrustConfig(_Section):
+    """Who may do what in a public run: the run authority, log-prob spot checks, bans and per-peer limits."""
+
+    # run authority (docs/security.md): empty = open mode, today's behaviour for local runs
+    authority: str = Field("", pattern=r"^([0-9a-f]{64})?$",
+                           description="Hex Ed25519 public key of the run authority (`p2prl run init` prints it); empty = open mode: any peer may publish versions, train and average.")
+    run_record: str = Field("", description="Learners: the signed run record file (`p2prl run init` / `p2prl run add-learner`), published in the DHT for the other peers.")
+
+    # log-prob spot checks
+
+    # reputation and bans
+
+    # per-peer limits
+
+
 class TestingConfig(_Section):
     """Knobs for tests, benchmarks and experiments; leave them alone in real runs."""
 
@@ -215,6 +230,7 @@ class Config(_Section):
     net: NetConfig = NetConfig()
     flow: FlowConfig = FlowConfig()
     rounds: RoundsConfig = RoundsConfig()
+    trust: TrustConfig = TrustConfig()
     testing: TestingConfig = TestingConfig()
 
     @model_validator(mode="after")
