@@ -11,8 +11,9 @@ rewards 0/1, sampler log-probs near the random model's), float32 on the CPU.
 
 Learner: one ``LearnerCore.step`` (gradient + AdamW step), GEPO, per variant
 * whole: ``train.micro_batch_tokens=0`` (one forward/backward over the step);
-* micro: ``train.micro_batch_tokens`` = ``--micro-groups`` groups of padded tokens.
-Both compute log-probs in chunks (``sequence_logprobs``); the gradient of each is saved and
+* micro: ``train.micro_batch_tokens`` = ``--micro-groups`` groups of padded tokens;
+* micro-ckpt: the same with ``model.gradient_checkpointing`` on.
+All compute log-probs in chunks (``sequence_logprobs``); the gradient of each is saved and
 compared (largest difference relative to the largest entry).
 
 Sampler: ``generate`` of ``--gen-rows`` completions of exactly ``--gen-tokens`` tokens (eos never
@@ -43,7 +44,7 @@ from _synthetic import random_groups  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 G, PROMPT, VOCAB = 8, 32, 32_000
-LEARNER = ("whole", "micro")
+LEARNER = ("whole", "micro", "micro-ckpt")
 SAMPLER = ("gen-logits", "gen-hook")
 TARGET = 0.25
 
@@ -78,9 +79,10 @@ def child_learner(variant: str, a: argparse.Namespace, out: Path) -> dict:
     from p2prl.learner.core import LearnerCore
 
     policy, groups = build_policy(), random_groups(VOCAB, a.completions, a.tokens, G, PROMPT)
-    micro = a.micro_groups * G * (PROMPT + a.tokens) if variant == "micro" else 0
+    micro = a.micro_groups * G * (PROMPT + a.tokens) if variant.startswith("micro") else 0
     cfg = Config.model_validate({"algo": {"name": "gepo"}, "sampling": {"group_size": G},
-                                 "train": {"micro_batch_tokens": micro}, "model": {"device": "cpu"}})
+                                 "train": {"micro_batch_tokens": micro},
+                                 "model": {"device": "cpu", "gradient_checkpointing": variant == "micro-ckpt"}})
     core = LearnerCore(policy, cfg)
     idle = peak_mb()
     t0 = time.perf_counter()
@@ -161,17 +163,19 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="p2prl-learner-memory-") as tmp:
         out = Path(tmp)
         res = {v: run_child(v, argv, out) for v in LEARNER + SAMPLER}
-        whole, micro = np.load(out / "whole.npy"), np.load(out / "micro.npy")
-        grad_rel = float(np.abs(micro - whole).max() / np.abs(whole).max())
+        whole = np.load(out / "whole.npy")
+        grad_rel = {v: float(np.abs(np.load(out / f"{v}.npy") - whole).max() / np.abs(whole).max()) for v in LEARNER[1:]}
         q_old, q_new = np.load(out / "gen-logits.npy"), np.load(out / "gen-hook.npy")
         logq_diff = float(np.abs(q_old - q_new).max())
-    ratio = res["micro"]["peak_mb"] / res["whole"]["peak_mb"]
-    step_ratio = (res["micro"]["peak_mb"] - res["micro"]["idle_mb"]) / (res["whole"]["peak_mb"] - res["whole"]["idle_mb"])
-    ok = ratio <= TARGET and grad_rel < 1e-5
     w, m = res["whole"], res["micro"]
+    ratio = {v: res[v]["peak_mb"] / w["peak_mb"] for v in LEARNER[1:]}
+    step_ratio = {v: (res[v]["peak_mb"] - res[v]["idle_mb"]) / (w["peak_mb"] - w["idle_mb"]) for v in LEARNER[1:]}
+    verdict = {v: "met" if ratio[v] <= TARGET and grad_rel[v] < 1e-5 else "NOT met" for v in LEARNER[1:]}
     rows_l = "\n".join(
-        f"| {v} | {res[v]['micro_batch_tokens'] or 'one pass'} | {res[v]['peak_mb']:.0f} | {res[v]['idle_mb']:.0f} "
-        f"| {res[v]['step_s']:.1f} |" for v in LEARNER)
+        f"| {v} | {res[v]['micro_batch_tokens'] or 'one pass'} | {'yes' if v == 'micro-ckpt' else 'no'} "
+        f"| {res[v]['peak_mb']:.0f} | {res[v]['idle_mb']:.0f} | {res[v]['step_s']:.1f} "
+        f"| {f'{ratio[v]:.3f} ({verdict[v]})' if v in ratio else '1'} "
+        f"| {f'{grad_rel[v]:.2e}' if v in grad_rel else '-'} |" for v in LEARNER)
     rows_s = "\n".join(
         f"| {label} | {res[v]['peak_mb']:.0f} | {res[v]['idle_mb']:.0f} | {res[v]['gen_s']:.1f} |"
         for v, label in zip(SAMPLER, ("every step's logits kept (output_logits=True)", "one step's log-softmax (hook)")))
@@ -180,16 +184,18 @@ def main() -> None:
     body = f"""{"**Reduced size** (the default is 64 completions x 512 tokens; see the command). " if reduced else ""}Model: Qwen2-shaped, random weights, {w['params'] / 1e6:.1f}M parameters, vocabulary {VOCAB}, float32, CPU
 ({w['threads']} torch threads). Learner step: GEPO, {a.completions} completions x {a.tokens} tokens
 (+{PROMPT} prompt tokens) in groups of {G}; micro-batched: at most {m['micro_batch_tokens']} padded tokens per
-micro-batch ({a.micro_groups} group(s)). Peak RSS of each variant's own process; "idle" is that process before
+micro-batch ({a.micro_groups} group(s)); micro-ckpt adds `model.gradient_checkpointing` (activations recomputed
+in the backward pass), the learner's other memory option. Peak RSS of each variant's own process; "idle" is that process before
 the step (interpreter, torch, transformers, model; AdamW allocates its state in the step).
 
-| learner | micro_batch_tokens | peak RSS (MB) | idle RSS (MB) | step time (s) |
-|---|---|---|---|---|
+| learner | micro_batch_tokens | gradient checkpointing | peak RSS (MB) | idle RSS (MB) | step time (s) | peak / whole (target <= {TARGET}) | gradient vs whole (max rel. diff.) |
+|---|---|---|---|---|---|---|---|
 {rows_l}
 
-Micro-batched / whole peak RSS: **{ratio:.3f}** (target <= {TARGET}: {'met' if ok else 'NOT met'}); the step's own
-memory (peak - idle), micro-batched / whole: **{step_ratio:.3f}**. Gradient max relative difference
-(largest |micro - whole| / largest |whole|): **{grad_rel:.2e}**. Step memory micro-batching cannot shrink:
+Micro-batching alone, peak / whole: **{ratio['micro']:.3f}** (target <= {TARGET}: {verdict['micro']}); with gradient
+checkpointing: **{ratio['micro-ckpt']:.3f}** ({verdict['micro-ckpt']}). The step's own memory (peak - idle) over the whole
+batch's: {step_ratio['micro']:.3f} and {step_ratio['micro-ckpt']:.3f}. Gradient max relative difference: largest
+|variant - whole| / largest |whole|. Step memory micro-batching cannot shrink:
 the gradient, its flat copy, the copy the optimizer step clips and AdamW's two moments, 5 x 4 bytes x
 {w['params'] / 1e6:.1f}M = {20 * w['params'] / 1e6:.0f} MB; the rest scales with the tokens in one (micro-)batch.
 
