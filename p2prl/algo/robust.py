@@ -6,8 +6,8 @@ Pure torch, no I/O. Every member of a round computes the aggregate from the same
 (members sorted by peer id) and must get the same bits on any machine, so nothing here
 uses a reduction whose summation order torch may choose (by CPU vector width or thread
 count): values are float64, sums over members are explicit loops in member order, a
-vector's norm is ``sqrt(math.fsum(x * x))`` (an exactly rounded sum), and element-wise
-operations are single IEEE operations (no ``alpha=``, which may fuse into an FMA).
+vector's norm sums its squares pairwise in a fixed tree of element-wise additions, and
+element-wise operations are single IEEE operations (no ``alpha=``, which may fuse into an FMA).
 
 Rules, for m members with gradients g_1..g_m, each first clipped to norm at most
 C = ``clip_norm`` (g * C / |g| when |g| > C):
@@ -60,9 +60,19 @@ class Rule:
         return f"{self.name}:{self.clip_norm!r}:{self.trim}:{self.radius!r}:{self.iterations}"
 
 
+def pairwise_sum(x: torch.Tensor) -> float:
+    """Sum of a float64 vector in a fixed order (halves added element-wise until one value is left)."""
+    x = x.reshape(-1)
+    while x.numel() > 1:
+        if x.numel() % 2:
+            x = torch.cat([x, x.new_zeros(1)])
+        x = x[0::2] + x[1::2]
+    return float(x[0]) if x.numel() else 0.0
+
+
 def norm(x: torch.Tensor) -> float:
     """Euclidean norm of a float64 vector, the same bits on every machine."""
-    return math.sqrt(math.fsum((x * x).tolist()))
+    return math.sqrt(pairwise_sum(x * x))
 
 
 def clip(g: torch.Tensor, c: float) -> torch.Tensor:

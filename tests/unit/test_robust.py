@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2prl.algo.robust import Rule, aggregate, centered_clip, clip, norm, trimmed_mean
+from p2prl.algo.robust import Rule, aggregate, centered_clip, clip, norm, pairwise_sum, trimmed_mean
 
 N = 257
 
@@ -123,3 +123,10 @@ def test_centered_clip_from_zero_is_the_mean_after_one_step_without_rogue():
     gs = [torch.randn(N, dtype=torch.float64) for _ in range(3)]
     one = centered_clip(gs, tau=1e9, iterations=1)
     torch.testing.assert_close(one, sum(gs) / 3)
+
+
+def test_pairwise_sum_is_the_sum_in_a_fixed_order():
+    x = torch.randn(1001, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    assert pairwise_sum(x) == pytest.approx(math.fsum(x.tolist()), rel=1e-12)
+    assert pairwise_sum(torch.zeros(0, dtype=torch.float64)) == 0.0
+    assert pairwise_sum(torch.tensor([2.5], dtype=torch.float64)) == 2.5
