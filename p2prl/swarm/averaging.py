@@ -46,9 +46,10 @@ import logging
 import math
 import secrets
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
@@ -226,7 +227,7 @@ class BlobExchange:
                 blob = self.blobs.get(want, b"")
             await asyncio.wait_for(write_frame(writer, blob), self.timeout_s)
             await asyncio.wait_for(_drain(reader, 1024), 5)  # the requester closes once it has read
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError, FrameError) as e:
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, FrameError) as e:
             log.debug("gradient request from %s ended: %s", str(info.peer_id)[-6:], type(e).__name__)
         finally:
             writer.close()
@@ -286,7 +287,6 @@ class GradientRounds:
         )
         self.exchange = BlobExchange(dht, f"{prefix}/robust/blob", 4 * n_params, timeout_s) if rule else None
         self.saturated = 0
-        self.bad_members: Counter = Counter()  # "<reason>" -> members refused (robust mode)
 
     def average(self, grad: torch.Tensor, weight: int, version: int, sha256: str, groups: list[list],
                 expected: int = 2) -> Round:
@@ -360,7 +360,6 @@ class GradientRounds:
             if m.get("rule") != rule:
                 raise RoundFailed("mixed_rules", f"peer {peer[-6:]} aggregates with {str(m.get('rule'))[:80]!r}")
             if not (_is_sha256(m.get("digest")) if m["weight"] else m.get("digest") == ""):
-                self.bad_members["bad_commitment"] += 1
                 raise RoundFailed("bad_metadata", f"peer {peer[-6:]}: gradient commitment", bad={peer: "bad_commitment"})
         me = str(self.averager.peer_id)
         senders = [p for p, m in members.items() if m["weight"]]  # sorted by peer id
@@ -375,17 +374,15 @@ class GradientRounds:
             elif len(b) != 4 * self.n or hashlib.sha256(b).hexdigest() != members[p]["digest"]:
                 bad[p] = "mismatch"
         if bad:  # another member may have got it: we could disagree on the aggregate, so nobody applies this round
-            self.bad_members.update(bad.values())
             raise RoundFailed("bad_member", ", ".join(f"{p[-6:]} {r}" for p, r in bad.items()), bad=bad)
         grads, used = [], []
         for p in senders:  # every member decides on the same bytes: the same members are left out everywhere
-            g = torch.frombuffer(bytearray(blobs[p]), dtype=torch.float32)
+            g = torch.from_numpy(np.frombuffer(blobs[p], dtype="<f4").astype(np.float32))
             if bool(torch.isfinite(g).all()):
                 grads.append(g)
                 used.append(p)
             else:
                 bad[p] = "non_finite"
-        self.bad_members.update(bad.values())
         if not grads:
             raise RoundFailed("non_finite", "every member's gradient was non-finite", bad=bad)
         total = sum(members[p]["weight"] for p in used)

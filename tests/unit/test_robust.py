@@ -7,7 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from p2prl.algo.robust import Rule, aggregate, centered_clip, clip, norm, pairwise_sum, trimmed_mean
+from p2prl.algo.robust import (
+    Rule,
+    aggregate,
+    centered_clip,
+    clip,
+    norm,
+    pairwise_sum,
+    trimmed_mean,
+)
 
 N = 257
 
