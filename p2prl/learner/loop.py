@@ -145,6 +145,8 @@ class Learner:
         rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
         self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
                                      target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s, rule=rule)
+        if rule is not None:
+            log.info("gradient rounds aggregate robustly: %s", rule.describe())
         if self.base_acc is None:
             self.base_acc = self.evaluate()
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
