@@ -196,6 +196,12 @@ class RoundsConfig(_Section):
     wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")
     timeout_s: float = Field(30.0, gt=0.5, le=3600.0, description="Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per round.")
     history_versions: int = Field(256, ge=1, le=65536, description="Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses to another learner's it can retrain its own groups of the lost versions.")
+    # robust aggregation (docs/architecture.md, "Robust rounds"); every learner of a run must use the same settings
+    aggregation: Literal["mean", "trimmed_mean", "centered_clip"] = Field("mean", description="How a round combines the learners' gradients: `mean` = the exact sample-weighted mean (bit-identical, no defence against a rogue learner beyond refusing non-finite values); `trimmed_mean` / `centered_clip` = each learner's gradient clipped to `clip_norm`, then a coordinate-wise trimmed mean or CenteredClip (Karimireddy et al. 2021) with every learner counted once, whatever its sample count (a claimed count is not verifiable); members fetch each other's whole gradient instead of an all-reduce.")
+    clip_norm: float = Field(1.0, gt=0.0, le=1e6, description="Robust modes: each learner's gradient is scaled down to this norm before aggregation; a rogue learner moves the result by at most about this much (bounds in p2prl/algo/robust.py).")
+    trim: int = Field(1, ge=0, le=16, description="trimmed_mean: values dropped at each end of every coordinate (at most (members - 1) // 2 are); keep it at least the number of rogue learners to tolerate.")
+    tau: float = Field(0.0, ge=0.0, le=1e6, description="centered_clip: the clipping radius around the current estimate; 0 = 2 x clip_norm (then honest gradients are never clipped by it).")
+    iterations: int = Field(3, ge=1, le=100, description="centered_clip: iterations from the zero vector.")
 
 
 class TrustConfig(_Section):

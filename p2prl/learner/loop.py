@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 
+from p2prl.algo.robust import Rule
 from p2prl.config import Config
 from p2prl.learner.checkpoint import save_checkpoint
 from p2prl.learner.core import progress_line, resume_learner
@@ -140,9 +141,12 @@ class Learner:
         self.sync.serve()
         self.membership.serve()
         self.n_params = self.core.n_params  # the trainable ones
+        r = cfg.rounds
+        rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
         self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
-                                     target_group_size=cfg.rounds.group_size, wait_s=cfg.rounds.wait_s,
-                                     timeout_s=cfg.rounds.timeout_s)
+                                     target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s, rule=rule)
+        if rule is not None:
+            log.info("gradient rounds aggregate robustly: %s", rule.describe())
         if self.base_acc is None:
             self.base_acc = self.evaluate()
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
@@ -199,6 +203,15 @@ class Learner:
         grad, m = self.core.gradient(batch) if batch else (torch.zeros(self.n_params), {})
         if self.cfg.testing.slowdown > 1:
             stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
+        if not bool(torch.isfinite(grad).all()):  # never applied nor sent; the batch goes back (retried at the next version)
+            with self.lock:
+                self.counts["round/non_finite_own"] += 1
+                n = self.counts["round/non_finite_own"]
+                self.buffer.requeue(batch)
+            if n <= 5 or n % 100 == 0:
+                log.warning("the gradient at v%d is not finite: not applied, not sent (%d so far)", self.core.version, n)
+            stop.wait(0.2)
+            return None
         tags = [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]
         r = Round(grad, sum(g.group_size for g in batch), 1, tags, m, t0)
         others = len(self.membership.others)
@@ -206,9 +219,11 @@ class Learner:
             return r
         try:
             got = self.rounds.average(grad, r.weight, self.core.version, self.latest.sha256, tags, 1 + others)
+            self.bad_members(got.bad)
             r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
             return r
         except RoundFailed as e:
+            self.bad_members(e.bad)
             with self.lock:
                 self.counts[f"round/{e.reason}"] += 1
             log.log(logging.DEBUG if e.reason == "empty" else logging.INFO,
@@ -220,6 +235,13 @@ class Learner:
                 self.buffer.requeue([g for g in batch if g.group_id not in e.drop])
             stop.wait(0.2 if e.reason == "empty" else 0)
             return None
+
+    def bad_members(self, bad: dict[str, str]) -> None:
+        """Count and log the round members left out or refused (robust rounds), by reason."""
+        for peer, reason in bad.items():
+            with self.lock:
+                self.counts[f"round/bad_member/{reason}"] += 1
+            log.warning("gradient round at v%d: member %s refused: %s", self.core.version, peer[-6:], reason)
 
     def after_step(self, r: Round, batch: list[RolloutGroup]) -> None:
         """Apply the round; log, remember, evaluate, publish and checkpoint the new version."""

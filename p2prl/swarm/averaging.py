@@ -18,16 +18,42 @@ check and the round is not applied: the learners retry it (see ``docs/architectu
 
 ``encode`` / ``decode`` are pure; ``GradientRounds`` runs rounds through a hivemind
 ``DecentralizedAverager`` whose process accumulates in float64.
+
+Non-finite gradients are refused in every mode: a learner never sends one of its own
+(``RoundFailed("non_finite_own")``), and a mean with a non-finite value, or beyond what
+clamped honest values can sum to, is not applied (``non_finite`` / ``out_of_range``).
+
+Robust mode (``rounds.aggregation`` = ``trimmed_mean`` or ``centered_clip``): hivemind's
+all-reduce only computes means, and each part of the vector is reduced by one member, so
+a mean cannot be made robust inside it. Instead the averager (over a one-value tensor)
+only forms the group and gathers the metadata, in which each member commits to the
+sha256 of its float32 gradient; each member serves its gradient over the
+``<prefix>/robust/blob`` stream protocol and fetches every other member's (at most
+``4 * n_params`` bytes, checked against the commitment, from the committing peer id, which
+libp2p authenticates). Every member then computes the same aggregate
+(``p2prl/algo/robust.py``) from the same gradients in the same order (members sorted by
+peer id), so all of them still publish the same bits. A member whose committed gradient is
+non-finite is left out by every member (they all see the same bytes); a member whose
+gradient could not be fetched, or did not match its commitment, fails the round, since
+another member may have got it and the members would then disagree on the aggregate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import math
 import secrets
-from dataclasses import dataclass
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+
+from p2prl.algo.robust import Rule, aggregate
+from p2prl.swarm.node import FrameError, _drain, read_frame, write_frame
 
 log = logging.getLogger("p2prl.averaging")
 
@@ -41,10 +67,12 @@ MARKER_BOUND = 2**20
 class RoundFailed(RuntimeError):
     """A round that must not be applied; ``reason`` is a short metric name."""
 
-    def __init__(self, reason: str, detail: str = "", drop: frozenset[str] = frozenset()):
+    def __init__(self, reason: str, detail: str = "", drop: frozenset[str] = frozenset(),
+                 bad: dict[str, str] | None = None):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.drop = drop  # group ids this learner must leave out of its batch before the retry
+        self.bad = bad or {}  # peer id -> why that member was refused (robust mode)
 
 
 def duplicates_to_drop(members: dict[str, list[list]], me: str) -> frozenset[str]:
@@ -102,6 +130,12 @@ def decode(buf: torch.Tensor, n: int, total_weight: int, marker_sum: int, inplac
     if bad:
         raise RoundFailed("partial", f"{bad} of {rows.shape[0]} blocks were averaged over another set of learners")
     body = rows[:, :BLOCK]
+    # every member's values are clamped to +-LIMIT, so an honest sum stays within total_weight * LIMIT;
+    # NaN fails the comparison too. A rogue member's raw vector is the only way past it: refused.
+    if not bool((body.abs() <= total_weight * LIMIT).all()):
+        finite = bool(torch.isfinite(body).all())
+        raise RoundFailed("non_finite" if not finite else "out_of_range",
+                          "a member sent values no learner can (non-finite or beyond the clamp)")
     body.div_(total_weight).mul_(2.0**-SCALE_BITS)
     return body.reshape(-1)[:n].float()
 
@@ -115,6 +149,7 @@ class Round:
     group_size: int
     total_weight: int
     groups: list[list]  # [group id, policy version, weights sha256] of every learner's batch, sorted
+    bad: dict[str, str] = field(default_factory=dict)  # robust mode: members left out (peer id -> reason)
 
 
 def _valid_tags(tags) -> bool:
@@ -159,20 +194,98 @@ def _make_averager_class():
     return ExactAverager
 
 
+class BlobExchange:
+    """Serves this learner's committed gradients (the last two rounds') and fetches other members' (robust mode)."""
+
+    KEEP = 2
+
+    def __init__(self, dht, protocol: str, max_bytes: int, timeout_s: float):
+        self.protocol, self.max_bytes, self.timeout_s = protocol, max_bytes, timeout_s
+        self.blobs: OrderedDict[str, bytes] = OrderedDict()
+        self.lock = threading.Lock()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="p2prl-grad-blobs", daemon=True)
+        self.thread.start()
+        self.p2p = self._run(dht.replicate_p2p(), 30)
+        self._run(self.p2p.add_binary_stream_handler(protocol, self._serve), 30)
+
+    def _run(self, coro, timeout: float):
+        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop).result(timeout + 1)
+
+    def put(self, digest: str, blob: bytes) -> None:
+        with self.lock:
+            self.blobs[digest] = blob
+            self.blobs.move_to_end(digest)
+            while len(self.blobs) > self.KEEP:
+                self.blobs.popitem(last=False)
+
+    async def _serve(self, info, reader, writer) -> None:
+        """One request: the sha256 (hex) of a gradient; the answer: its bytes, or an empty frame."""
+        try:
+            want = (await asyncio.wait_for(read_frame(reader, 64), self.timeout_s)).decode("ascii", "replace")
+            with self.lock:
+                blob = self.blobs.get(want, b"")
+            await asyncio.wait_for(write_frame(writer, blob), self.timeout_s)
+            await asyncio.wait_for(_drain(reader, 1024), 5)  # the requester closes once it has read
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, FrameError) as e:
+            log.debug("gradient request from %s ended: %s", str(info.peer_id)[-6:], type(e).__name__)
+        finally:
+            writer.close()
+
+    async def _fetch_one(self, peer, digest: str) -> bytes | None:
+        try:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(peer, self.protocol)
+            try:
+                await write_frame(writer, digest.encode())
+                return await read_frame(reader, self.max_bytes)
+            finally:
+                writer.close()
+        except Exception as e:  # any failure of a member's stream is that member's missing gradient
+            log.info("fetching the gradient of %s failed: %s", str(peer)[-6:], type(e).__name__)
+            return None
+
+    def fetch(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
+        """{peer id: its bytes, or None} for {peer id: sha256 hex}, fetched in parallel within the round's timeout."""
+        from hivemind.p2p import PeerID
+
+        async def fetch_all():
+            return await asyncio.gather(*(asyncio.wait_for(self._fetch_one(PeerID.from_base58(p), d), self.timeout_s)
+                                          for p, d in wanted.items()), return_exceptions=True)
+
+        got = self._run(fetch_all(), self.timeout_s + 5)
+        return {p: b if isinstance(b, bytes) else None for p, b in zip(wanted, got)}
+
+    def shutdown(self) -> None:
+        try:
+            self._run(self.p2p.shutdown(), 5)
+        except Exception as e:
+            log.debug("gradient exchange shutdown: %s", e)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=5)
+
+
+def _is_sha256(x) -> bool:
+    return isinstance(x, str) and len(x) == 64 and all(c in "0123456789abcdef" for c in x)
+
+
 class GradientRounds:
-    """One learner's side of the gradient all-reduce between the learners of a run."""
+    """One learner's side of the gradient rounds between the learners of a run: exact mean, or ``rule`` (robust)."""
 
     def __init__(self, dht, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
-                 timeout_s: float):
-        self.n, self.max_group = n_params, target_group_size
+                 timeout_s: float, rule: Rule | None = None):
+        self.n, self.max_group, self.rule = n_params, target_group_size, rule
         self.find_timeout_s = 2 * wait_s + 1  # looking for the other learners; the all-reduce has timeout_s
         chunk_timeout = max(1.0, timeout_s / 4)
+        # robust mode: the averager only forms groups and gathers metadata (a one-value tensor, no large all-reduce)
+        # under its own prefix, so mean-mode and robust-mode learners never meet
+        tensor = torch.zeros(1 if rule else buffer_size(n_params), dtype=torch.float64)
         self.averager = _make_averager_class()(
-            averaged_tensors=[torch.zeros(buffer_size(n_params), dtype=torch.float64)], dht=dht, prefix=prefix,
+            averaged_tensors=[tensor], dht=dht, prefix=f"{prefix}/robust" if rule else prefix,
             target_group_size=target_group_size, min_group_size=2, min_matchmaking_time=wait_s,
             request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s, next_chunk_timeout=chunk_timeout,
             start=True,
         )
+        self.exchange = BlobExchange(dht, f"{prefix}/robust/blob", 4 * n_params, timeout_s) if rule else None
         self.saturated = 0
 
     def average(self, grad: torch.Tensor, weight: int, version: int, sha256: str, groups: list[list],
@@ -185,42 +298,100 @@ class GradientRounds:
         ``groups`` are this learner's [group id, policy version, weights sha256] tags; every member
         gets the whole round's tags back, so each can log and acknowledge what the version holds.
         """
-        marker = 1 + secrets.randbelow(MARKER_BOUND - 1)
+        if not bool(torch.isfinite(grad).all()):
+            raise RoundFailed("non_finite_own", "this learner's gradient is not finite; it is not sent")
+        return self._round(grad, weight, version, sha256, groups, expected)
+
+    def _round(self, grad, weight, version, sha256, groups, expected) -> Round:
+        """The round itself (tests' rogue members call it directly to send what ``average`` refuses)."""
+        meta = {"version": version, "sha256": sha256, "weight": weight, "groups": groups}
+        if self.rule is not None:
+            return self._robust_round(grad, meta, expected)
+        meta["marker"] = marker = 1 + secrets.randbelow(MARKER_BOUND - 1)
         with self.averager.get_tensors() as tensors:
             self.saturated += encode(grad, marker, out=tensors[0])[1]
+        members = self._gather(meta, float(weight), expected)
+        total = sum(m["weight"] for m in members.values())
+        marker_sum = 0
+        for m in members.values():
+            if not (isinstance(m.get("marker"), int) and 0 < m["marker"] < MARKER_BOUND):
+                raise RoundFailed("bad_metadata", "marker")
+            marker_sum += m["weight"] * m["marker"]
+        with self.averager.get_tensors() as tensors:  # overwritten by the next round's encode anyway
+            grad = decode(tensors[0], self.n, total, marker_sum, inplace=True)
+        return Round(grad, len(members), total, sorted(t for m in members.values() for t in m["groups"]))
+
+    def _gather(self, meta: dict, weight: float, expected: int) -> dict[str, dict]:
+        """Form the round's group and gather every member's checked metadata: {peer id: metadata}, sorted by peer id."""
+        version, sha256 = meta["version"], meta["sha256"]
         self.averager.set_round(group_bits(version), max(2, min(expected, self.max_group)))
         try:
-            gathered = self.averager.step(gather={"version": version, "sha256": sha256, "weight": weight,
-                                                  "marker": marker, "groups": groups}, weight=float(weight), timeout=self.find_timeout_s,
-                                          allow_retries=False)
+            gathered = self.averager.step(gather=meta, weight=weight, timeout=self.find_timeout_s, allow_retries=False)
         except Exception as e:  # hivemind raises its own exception kinds (no group, all-reduce failed)
             raise RoundFailed("no_round", type(e).__name__) from None
         if not gathered:
             raise RoundFailed("no_round", "no group")
-        total = marker_sum = 0
         tags: list[list] = []
-        members: dict[str, list[list]] = {}
-        for peer, meta in gathered.items():
-            if not isinstance(meta, dict) or meta.get("version") != version or meta.get("sha256") != sha256:
+        members: dict[str, dict] = {}
+        for peer, m in sorted(gathered.items(), key=lambda kv: str(kv[0])):
+            if not isinstance(m, dict) or m.get("version") != version or m.get("sha256") != sha256:
                 raise RoundFailed("mixed_versions", f"peer {str(peer)[-6:]} is at another version or hash")
-            w, m = meta.get("weight"), meta.get("marker")
-            if not (isinstance(w, int) and isinstance(m, int) and 0 <= w and 0 < m < MARKER_BOUND
-                    and _valid_tags(meta.get("groups"))):
+            w = m.get("weight")
+            if not (isinstance(w, int) and 0 <= w and _valid_tags(m.get("groups"))):
                 raise RoundFailed("bad_metadata", f"peer {str(peer)[-6:]}")
-            tags += meta["groups"]
-            members[str(peer)] = meta["groups"]
-            total, marker_sum = total + w, marker_sum + w * m
+            tags += m["groups"]
+            members[str(peer)] = m
         if len({t[0] for t in tags}) < len(tags):  # a group brought twice would be trained twice: retry without it
-            drop = duplicates_to_drop(members, str(self.averager.peer_id))
+            drop = duplicates_to_drop({p: m["groups"] for p, m in members.items()}, str(self.averager.peer_id))
             raise RoundFailed("duplicate_groups", f"{len(tags) - len({t[0] for t in tags})} group(s) held by two members",
                               drop)
-        if total == 0:
+        if sum(m["weight"] for m in members.values()) == 0:
             raise RoundFailed("empty", "no learner had data")
-        with self.averager.get_tensors() as tensors:  # overwritten by the next round's encode anyway
-            grad = decode(tensors[0], self.n, total, marker_sum, inplace=True)
-        return Round(grad, len(gathered), total, sorted(tags))
+        return members
+
+    def _robust_round(self, grad: torch.Tensor, meta: dict, expected: int) -> Round:
+        blob = grad.detach().reshape(-1).to("cpu", torch.float32).numpy().astype("<f4").tobytes()
+        digest = hashlib.sha256(blob).hexdigest() if meta["weight"] else ""
+        if digest:
+            self.exchange.put(digest, blob)
+        rule = self.rule.describe()
+        members = self._gather({**meta, "rule": rule, "digest": digest}, 1.0, expected)
+        for peer, m in members.items():
+            if m.get("rule") != rule:
+                raise RoundFailed("mixed_rules", f"peer {peer[-6:]} aggregates with {str(m.get('rule'))[:80]!r}")
+            if not (_is_sha256(m.get("digest")) if m["weight"] else m.get("digest") == ""):
+                raise RoundFailed("bad_metadata", f"peer {peer[-6:]}: gradient commitment", bad={peer: "bad_commitment"})
+        me = str(self.averager.peer_id)
+        senders = [p for p, m in members.items() if m["weight"]]  # sorted by peer id
+        blobs = self.exchange.fetch({p: members[p]["digest"] for p in senders if p != me})
+        if digest:
+            blobs[me] = blob
+        bad = {}
+        for p in senders:
+            b = blobs.get(p)
+            if not b:
+                bad[p] = "missing"
+            elif len(b) != 4 * self.n or hashlib.sha256(b).hexdigest() != members[p]["digest"]:
+                bad[p] = "mismatch"
+        if bad:  # another member may have got it: we could disagree on the aggregate, so nobody applies this round
+            raise RoundFailed("bad_member", ", ".join(f"{p[-6:]} {r}" for p, r in bad.items()), bad=bad)
+        grads, used = [], []
+        for p in senders:  # every member decides on the same bytes: the same members are left out everywhere
+            g = torch.from_numpy(np.frombuffer(blobs[p], dtype="<f4").astype(np.float32))
+            if bool(torch.isfinite(g).all()):
+                grads.append(g)
+                used.append(p)
+            else:
+                bad[p] = "non_finite"
+        if not grads:
+            raise RoundFailed("non_finite", "every member's gradient was non-finite", bad=bad)
+        total = sum(members[p]["weight"] for p in used)
+        tags = sorted(t for p in used for t in members[p]["groups"])
+        return Round(aggregate(grads, self.rule), len(members), total, tags, bad)
 
     def shutdown(self) -> None:
+        if self.exchange is not None:
+            self.exchange.shutdown()
         try:
             self.averager.shutdown()
         except Exception as e:

@@ -69,3 +69,17 @@ def test_out_of_range_values_are_clamped_and_counted():
     with pytest.raises(RoundFailed, match="bad_weight"):
         decode(buf, 3, 0, 0)
     assert math.isfinite(float(out.abs().max()))
+
+
+def test_a_non_finite_or_out_of_range_mean_is_refused():
+    n = BLOCK + 5
+    honest = encode(torch.randn(n, generator=torch.Generator().manual_seed(0)), 3)[0]
+    for poison, reason in ((float("nan"), "non_finite"), (float("inf"), "non_finite"), (1e300, "out_of_range"),
+                           (4.0 * LIMIT, "out_of_range")):
+        rogue = encode(torch.zeros(n), 5)[0]
+        rogue[7] = poison  # a raw vector no honest encode produces
+        result = reduce([(1, honest), (1, rogue)])[0]
+        with pytest.raises(RoundFailed) as e:
+            decode(result, n, 2, 8)
+        assert e.value.reason == reason, poison
+    assert torch.isfinite(decode(reduce([(1, honest), (1, honest)])[0], n, 2, 6)).all()
