@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -160,6 +161,7 @@ def main() -> None:
     sizes = ("completions", "tokens", "micro_groups", "gen_rows", "gen_tokens", "threads")
     argv = [f"--{k.replace('_', '-')}={getattr(a, k)}" for k in sizes]
     changed = [x for k, x in zip(sizes, argv) if getattr(a, k) != ap.get_default(k)]
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="p2prl-learner-memory-") as tmp:
         out = Path(tmp)
         res = {v: run_child(v, argv, out) for v in LEARNER + SAMPLER}
@@ -187,6 +189,8 @@ def main() -> None:
 micro-batch ({a.micro_groups} group(s)); micro-ckpt adds `model.gradient_checkpointing` (activations recomputed
 in the backward pass), the learner's other memory option. Peak RSS of each variant's own process; "idle" is that process before
 the step (interpreter, torch, transformers, model; AdamW allocates its state in the step).
+Load average (1 min) of the shared machine: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; peak memory
+does not depend on it, step and generation times do (compare them only within a quiet run).
 
 | learner | micro_batch_tokens | gradient checkpointing | peak RSS (MB) | idle RSS (MB) | step time (s) | peak / whole (target <= {TARGET}) | gradient vs whole (max rel. diff.) |
 |---|---|---|---|---|---|---|---|
