@@ -45,6 +45,7 @@ from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, p
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.rollout.verify import Verifier
+from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
 from p2prl.swarm.membership import Membership
@@ -104,6 +105,9 @@ class Learner:
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
+        if cfg.trust.authority:  # refused before it serves anything: a bad run record names what to do
+            node.trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id,
+                                       node.peer_id, self.run_config)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
@@ -142,7 +146,7 @@ class Learner:
         self.n_params = self.core.n_params  # the trainable ones
         self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
                                      target_group_size=cfg.rounds.group_size, wait_s=cfg.rounds.wait_s,
-                                     timeout_s=cfg.rounds.timeout_s)
+                                     timeout_s=cfg.rounds.timeout_s, authorized=self.node.trust.authorized)
         if self.base_acc is None:
             self.base_acc = self.evaluate()
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
@@ -303,7 +307,7 @@ class Learner:
         self.store.add(v, sha, blob)
         with self.lock:
             self.ledger.publish(v, sha)
-        self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight)
+        self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
         self.node.publish_policy(self.latest)
         return sha
 
@@ -352,8 +356,10 @@ class Learner:
             opt = self.core.optimizer_blob()
             with self.lock:
                 published, trained = self.ledger.history()
-            header = state_header(self.core.version, sha, self.latest.weight if self.latest else 0, published, trained,
-                                  len(weights))
+            weight = self.latest.weight if self.latest else 0
+            record = self.node.trust.sign(PolicyRecord(version=self.core.version, sha256=sha, size=len(weights),
+                                                       weight=weight))
+            header = state_header(self.core.version, sha, weight, published, trained, len(weights), record)
         return header, weights, opt
 
     def peer_record(self) -> PeerRecord:

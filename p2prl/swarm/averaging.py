@@ -26,6 +26,7 @@ import logging
 import math
 import secrets
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -163,8 +164,9 @@ class GradientRounds:
     """One learner's side of the gradient all-reduce between the learners of a run."""
 
     def __init__(self, dht, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
-                 timeout_s: float):
-        self.n, self.max_group = n_params, target_group_size
+                 timeout_s: float, authorized: Callable[[str], bool] = lambda peer: True):
+        """``authorized``: whether a peer may be a member (authority runs); a round with any other member fails."""
+        self.n, self.max_group, self.authorized = n_params, target_group_size, authorized
         self.find_timeout_s = 2 * wait_s + 1  # looking for the other learners; the all-reduce has timeout_s
         chunk_timeout = max(1.0, timeout_s / 4)
         self.averager = _make_averager_class()(
@@ -201,6 +203,8 @@ class GradientRounds:
         tags: list[list] = []
         members: dict[str, list[list]] = {}
         for peer, meta in gathered.items():
+            if not self.authorized(str(peer)):
+                raise RoundFailed("unauthorized_member", f"peer {str(peer)[-6:]} is not an authorized learner")
             if not isinstance(meta, dict) or meta.get("version") != version or meta.get("sha256") != sha256:
                 raise RoundFailed("mixed_versions", f"peer {str(peer)[-6:]} is at another version or hash")
             w, m = meta.get("weight"), meta.get("marker")
