@@ -284,6 +284,7 @@ class Learner:
                    "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
                    "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
                    "admission": dict(self.counts), "membership": dict(self.membership.counts),
+                   "trust": dict(self.node.trust.counts),
                    "weights_bytes_served": self.store.bytes_served,
                    "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
