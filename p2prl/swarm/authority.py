@@ -26,7 +26,7 @@ import msgpack
 from pydantic import Field, field_validator
 
 from p2prl.config import ConfigError
-from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, _Record
+from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
 
 log = logging.getLogger("p2prl.authority")
 
@@ -116,7 +116,7 @@ def sign_policy(rec: PolicyRecord, run_id: str, key: LearnerKey) -> PolicyRecord
 
 
 # ---- the authority's key and the run record ---------------------------------------------------------
-class RunRecord(_Record):
+class RunRecord(Record):
     """The run as the authority signed it: run id, config, authorized learners, validity period.
 
     DHT: ``key(run_id, "authority")``, subkey = the learner that republished it.

@@ -124,6 +124,9 @@ class _Record(BaseModel):
             return None
 
 
+Record = _Record  # the base of DHT records defined in other modules (swarm/authority.py)
+
+
 class PeerRecord(_Record):
     """What every peer announces under ``key(run_id, "peers")`` with a TTL heartbeat."""
 
