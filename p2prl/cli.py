@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Join the DHT as a client and print the live peers of a run by role.")
     _add_network_args(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--authority", default=None, metavar="HEX",
+                    help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
 
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
@@ -305,10 +307,16 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         ("net", "host_maddrs"): getattr(args, "host_maddrs", None),
         ("net", "announce_maddrs"): getattr(args, "announce_maddrs", None),
         ("net", "identity_path"): getattr(args, "identity_path", None),
+        ("trust", "authority"): getattr(args, "authority", None) if args.command == "status" else None,
     }
+    from pydantic import ValidationError
+
     for (section, field), value in flags.items():
         if value is not None:
-            setattr(getattr(cfg, section), field, value)
+            try:
+                setattr(getattr(cfg, section), field, value)
+            except ValidationError as e:
+                raise _usage(f"{section}.{field}={value!r}: {e.errors()[0]['msg']}") from None
     if writes_out_dir:
         writable_dir(cfg.train.out_dir, "train.out_dir")
     if cfg.testing.ack_log:

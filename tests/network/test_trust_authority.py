@@ -9,6 +9,7 @@ training log.
 """
 
 import json
+import subprocess
 import sys
 
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
@@ -41,6 +42,11 @@ def test_rogue_learner_gets_no_group_and_its_version_is_never_loaded(peers, tmp_
     peers.join("sampler", "sampler", maddr, *RUN, *trust, f"testing.ack_log={acks}")
     wait_for(lambda: len(read_jsonl(learner_dir / "train_log.jsonl")) >= 4, 180, "the learner to train 3 versions")
     wait_for(lambda: acks.exists() and len(acks.read_text().split()) >= 4, 60, "acks of trained groups")
+
+    status = subprocess.run([sys.executable, "-m", "p2prl.cli", "status", "--loopback", "--run-id", "test", "--initial-peers",
+                             maddr, "--authority", pub], capture_output=True, text=True, timeout=120)
+    assert f"trust: authority {pub[:12]}, 1 learners" in status.stdout, status.stdout + status.stderr
+    assert status.stdout.count("learner ") == 1, status.stdout  # the rogue is not listed as a learner
 
     assert peers.stop("sampler") == 0
     sampler = last_json(peers.log("sampler"))

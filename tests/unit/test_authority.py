@@ -203,6 +203,8 @@ def test_cli_run_init_add_learner_show(tmp_path, capsys, ids):
 def test_join_refuses_an_authority_learner_without_identity(capsys):
     assert main(["join", "--role", "learner", "--loopback", "trust.authority=" + "ab" * 32]) == 2
     assert "needs --identity-path" in capsys.readouterr().err
+    assert main(["status", "--authority", "xyz", "--initial-peers", "/ip4/127.0.0.1/tcp/1/p2p/Qm"]) == 2
+    assert "trust.authority='xyz': String should match pattern" in capsys.readouterr().err
 
 
 # ---- fuzz: the decoders never raise, whatever the bytes ----------------------------------------------
