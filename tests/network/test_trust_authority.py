@@ -12,11 +12,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 from p2prl.cli import main
 from p2prl.swarm import authority as a
 
 RUN = [*FAST, "train.steps=1000"]
+LEARNERS = ["rounds.group_size=4", "rounds.wait_s=1", "rounds.timeout_s=10"]
 
 
 def test_rogue_learner_gets_no_group_and_its_version_is_never_loaded(peers, tmp_path, capsys):
@@ -69,3 +72,39 @@ def test_rogue_learner_gets_no_group_and_its_version_is_never_loaded(peers, tmp_
     assert all(tag[2] in published for l in lines for tag in l["groups"]), "a group generated with foreign weights"
     acked = set(acks.read_text().split())
     assert acked and acked <= trained, f"acknowledged but never trained: {sorted(acked - trained)[:5]}"
+
+
+@pytest.mark.slow
+def test_learner_added_later_loads_signed_state_and_averages(peers, tmp_path, capsys):
+    """Learner b is authorized after learner a started: a adopts the newer run record from the DHT (b publishes it),
+    b loads a's state (its header's record signed by a) and the two average gradient rounds."""
+    auth = tmp_path / "authority"
+    run = [*RUN, *LEARNERS]
+    assert main(["run", "init", "--out", str(auth), *run]) == 0
+    assert main(["run", "add-learner", str(auth), "--identity", str(tmp_path / "a.id")]) == 0
+    first = tmp_path / "a.record"
+    first.write_bytes((auth / "run.record").read_bytes())
+    pub = a.public_hex(a.load_authority_key(auth / "authority.key"))
+    capsys.readouterr()
+    trust = [f"trust.authority={pub}"]
+    maddr = peers.bootstrap()
+    la, lb = tmp_path / "a", tmp_path / "b"
+    peers.join("a", "learner", maddr, *run, *trust, f"trust.run_record={first}", f"net.identity_path={tmp_path / 'a.id'}",
+               out=la)
+    peers.join("s", "sampler", maddr, *run, *trust)
+    wait_for(lambda: len(read_jsonl(la / "train_log.jsonl")) >= 4, 180, "learner a to reach v3 alone")
+    assert main(["run", "add-learner", str(auth), "--identity", str(tmp_path / "b.id")]) == 0
+    peers.join("b", "learner", maddr, *run, *trust, f"trust.run_record={auth / 'run.record'}",
+               f"net.identity_path={tmp_path / 'b.id'}", out=lb)
+    wait_for(lambda: sum(1 for l in read_jsonl(lb / "train_log.jsonl") if l.get("learners") == 2) >= 2, 240,
+             "b to load a's state and average 2 rounds with a")
+    loaded = [l for l in read_jsonl(lb / "train_log.jsonl") if "loaded_from" in l]
+    assert loaded and loaded[0]["version"] >= 3, "b did not load a's state"
+    assert peers.stop("a") == 0 and peers.stop("b") == 0
+    pa = {l["version"]: l["published"] for l in read_jsonl(la / "train_log.jsonl")}
+    pb = {l["version"]: l["published"] for l in read_jsonl(lb / "train_log.jsonl")}
+    common = sorted(set(pa) & set(pb))
+    assert len(common) >= 2 and all(pa[v] == pb[v] for v in common)
+    for name in ("a", "b"):
+        summary = last_json(peers.log(name))
+        assert not summary["admission"].get("round/unauthorized_member"), summary["admission"]
