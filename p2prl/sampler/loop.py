@@ -26,10 +26,10 @@ from p2prl.policy import load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
-from p2prl.swarm.authority import Trust
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task

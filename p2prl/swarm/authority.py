@@ -248,7 +248,7 @@ class Trust:
 
     def refresh(self, found: dict[str, bytes]) -> RunRecord | None:
         """Adopt the newest valid run record among ``found`` (DHT subkey -> value); the record held now."""
-        for raw in found.values():
+        for peer, raw in found.items():
             rec = RunRecord.decode(raw)
             if rec is None or (self.record is not None and rec.issued <= self.record.issued):
                 continue
@@ -258,7 +258,7 @@ class Trust:
                              len(rec.learners))
                 self.record = rec
             else:
-                self.reject("run_record", "?")
+                self.reject("run_record", peer)
         if self.record is not None and self.record.expires <= time.time():
             log.warning("the run record expired: no learner is authorized until the authority renews it")
             self.record = None
