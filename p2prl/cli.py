@@ -107,6 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
                         description="Join the DHT as a client and print the live peers of a run by role.")
     _add_network_args(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--authority", default=None, metavar="HEX",
+                    help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
 
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
@@ -134,8 +136,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _add_config_args(show)
+    _add_run_parsers(sub)
     _add_experiment_parsers(sub)
     return ap
+
+
+def _add_run_parsers(sub) -> None:
+    rn = sub.add_parser(
+        "run", help="the run authority of a public run: its key, the signed run record, authorized learners",
+        description=_wrap("A public run has an authority: an Ed25519 key pair whose holder signs the run record (run "
+        "id, the run's config, the peer ids of the learners allowed to publish versions, an expiry). Peers given "
+        "trust.authority accept versions from, send groups to and average with those learners only. Without an "
+        "authority a run is open: any peer may publish versions."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="a public run, step by step:\n"
+        "  p2prl run init --out myrun --config run.toml      # keep myrun/authority.key secret\n"
+        "  p2prl run add-learner myrun --identity learner.id  # or a peer id a learner sent you\n"
+        "  # learners:  p2prl join --role learner --identity-path learner.id --config run.toml \\\n"
+        "  #              trust.authority=<key> trust.run_record=myrun/run.record ...\n"
+        "  # samplers:  p2prl join --role sampler --config run.toml trust.authority=<key> ...",
+    )
+    rsub = rn.add_subparsers(dest="run_command", required=True, metavar="SUBCOMMAND")
+    init = rsub.add_parser(
+        "init", help="create the authority key and a signed run record in a new folder",
+        description=_wrap("Create DIR/authority.key (the authority's private key, mode 0600: keep it secret and "
+        "backed up) and DIR/run.record (signed: net.run_id and the run's config from --config and the overrides, "
+        "the --learner peer ids, expiry). Prints the authority's public key and the config lines peers need."),
+        epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    init.add_argument("--out", required=True, metavar="DIR", help="folder for authority.key and run.record (created; "
+                      "must not hold a key already)")
+    init.add_argument("--expires-days", type=float, default=90.0, metavar="N",
+                      help="the record is valid for N days (default 90); `run add-learner --expires-days` renews it")
+    init.add_argument("--learner", nargs="+", default=[], metavar="PEER_ID", help="peer ids of authorized learners")
+    _add_config_args(init)
+    add = rsub.add_parser(
+        "add-learner", help="authorize a learner (its peer id) and re-sign the run record",
+        description=_wrap("Add a learner's peer id to DIR/run.record and sign it again with DIR/authority.key. "
+        "Give the peer id a learner printed, or --identity FILE: the learner's libp2p identity file (created when "
+        "missing; its peer id is printed). Send the new run.record to the learners; they publish it to the other "
+        "peers, who adopt the newest valid record."),
+    )
+    add.add_argument("dir", metavar="DIR", help="the folder `p2prl run init` created")
+    who = add.add_mutually_exclusive_group(required=True)
+    who.add_argument("peer_id", nargs="?", metavar="PEER_ID", help="the learner's peer id")
+    who.add_argument("--identity", metavar="FILE", help="the learner's identity file (net.identity_path)")
+    add.add_argument("--expires-days", type=float, default=None, metavar="N",
+                     help="also renew: valid for N days from now (default: keep the expiry)")
+    show = rsub.add_parser("show", help="print a run record",
+                           description="Print a run record: run id, validity, authorized learners, config. Checks "
+                           "its signature when --authority is given or an authority.key lies next to it.")
+    show.add_argument("file", metavar="FILE", help="a run.record file")
+    show.add_argument("--authority", default=None, metavar="HEX", help="the authority's public key (trust.authority)")
 
 
 def _wrap(text: str) -> str:
@@ -255,10 +307,16 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         ("net", "host_maddrs"): getattr(args, "host_maddrs", None),
         ("net", "announce_maddrs"): getattr(args, "announce_maddrs", None),
         ("net", "identity_path"): getattr(args, "identity_path", None),
+        ("trust", "authority"): getattr(args, "authority", None) if args.command == "status" else None,
     }
+    from pydantic import ValidationError
+
     for (section, field), value in flags.items():
         if value is not None:
-            setattr(getattr(cfg, section), field, value)
+            try:
+                setattr(getattr(cfg, section), field, value)
+            except ValidationError as e:
+                raise _usage(f"{section}.{field}={value!r}: {e.errors()[0]['msg']}") from None
     if writes_out_dir:
         writable_dir(cfg.train.out_dir, "train.out_dir")
     if cfg.testing.ack_log:
@@ -314,6 +372,9 @@ def _cmd_join(args: argparse.Namespace) -> int:
                      "(the multiaddrs that `p2prl bootstrap` prints)")
     if args.role == "learner" and cfg.net.client_mode:
         raise _usage("a learner must accept connections; --client-mode is for samplers")
+    if args.role == "learner" and cfg.trust.authority and not (cfg.net.identity_path and cfg.trust.run_record):
+        raise _usage("with trust.authority set, a learner needs --identity-path FILE (its peer id is what the run "
+                     "authority authorizes: `p2prl run add-learner DIR --identity FILE`) and trust.run_record")
     if args.role == "learner":
         from p2prl.learner.loop import run_learner
 
@@ -385,6 +446,108 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    from p2prl.swarm import authority as a
+
+    if args.run_command == "show":
+        return _show_run_record(Path(args.file), args.authority)
+    if args.run_command == "init":
+        out = Path(args.out)
+        key_file = out / "authority.key"
+        if key_file.exists():
+            raise _usage(f"{key_file} exists: this folder already holds a run authority (use `p2prl run add-learner`)")
+        if args.expires_days <= 0:
+            raise _usage("--expires-days must be positive")
+        cfg = _load_config(args)
+        for p in args.learner:
+            _check_peer_id(p)
+        from p2prl.swarm.runconfig import run_config
+        from p2prl.tasks import make_task
+
+        config = run_config(cfg, make_task(cfg.task))
+        out.mkdir(parents=True, exist_ok=True)
+        key = a.new_authority_key()
+        a.save_authority_key(key, key_file)
+        rec = a.new_run_record(cfg.net.run_id, config, args.learner, args.expires_days, key)
+        (out / "run.record").write_bytes(rec.encode())
+        pub = a.public_hex(key)
+        print(f"run {rec.run_id!r}: authority key in {key_file} (keep it secret), signed run record in {out / 'run.record'}")
+        print(f"authority public key: {pub}\n")
+        print(f"every peer of the run, in its config:\n  [trust]\n  authority = \"{pub}\"\n"
+              f"or on the command line: trust.authority={pub}\n")
+        print(f"learners also (with a stable identity, --identity-path FILE):\n  run_record = \"{out / 'run.record'}\"\n"
+              f"authorize a learner: p2prl run add-learner {out} (PEER_ID | --identity FILE)")
+        return 0
+    out = Path(args.dir)
+    key = a.load_authority_key(out / "authority.key")
+    rec = a.load_run_record(out / "run.record", "run record")
+    problem = rec.problem(a.public_hex(key), rec.run_id, now=0.0)
+    if problem:
+        raise a.TrustError(f"{out / 'run.record'} does not belong to {out / 'authority.key'}: {problem}")
+    if args.identity:
+        from p2prl.config import usable_file
+
+        usable_file(args.identity, "--identity", read_only_if_exists=True)
+        peer = a.create_identity(args.identity)
+        print(f"learner identity {args.identity}: peer id {peer}")
+    else:
+        peer = _check_peer_id(args.peer_id)
+    if args.expires_days is not None and args.expires_days <= 0:
+        raise _usage("--expires-days must be positive")
+    import time
+
+    expires = time.time() + args.expires_days * 86400 if args.expires_days is not None else rec.expires
+    if expires <= time.time():
+        raise a.TrustError(f"{out / 'run.record'} expired on {time.strftime('%Y-%m-%d', time.gmtime(rec.expires))}; "
+                           "renew it with --expires-days N")
+    if len(set(rec.learners) | {peer}) > a.MAX_LEARNERS:
+        raise a.TrustError(f"a run record holds at most {a.MAX_LEARNERS} learners")
+    new = a.RunRecord(run_id=rec.run_id, config=rec.config, learners=sorted(set(rec.learners) | {peer}),
+                      issued=max(time.time(), rec.issued + 1e-3), expires=expires).signed(key)
+    tmp = out / "run.record.tmp"
+    tmp.write_bytes(new.encode())
+    tmp.replace(out / "run.record")
+    print(f"authorized learner {peer} in run {new.run_id!r} ({len(new.learners)} learners); send {out / 'run.record'} "
+          "to the learners (trust.run_record)")
+    return 0
+
+
+def _check_peer_id(peer: str) -> str:
+    import base58
+
+    try:
+        raw = base58.b58decode(peer)
+    except ValueError:
+        raw = b""
+    if not (len(peer) <= 128 and len(raw) > 2 and raw[1] == len(raw) - 2):
+        raise _usage(f"{peer!r} is not a libp2p peer id (like the 12D3KooW... or Qm... id a peer prints)")
+    return peer
+
+
+def _show_run_record(path: Path, authority: str | None) -> int:
+    import time
+
+    from p2prl.swarm import authority as a
+
+    rec = a.load_run_record(path, "run record")
+    if authority is None and (path.parent / "authority.key").exists():
+        authority = a.public_hex(a.load_authority_key(path.parent / "authority.key"))
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))  # noqa: E731
+    print(f"run id:   {rec.run_id}\nissued:   {when(rec.issued)}\nexpires:  {when(rec.expires)}"
+          + ("   (EXPIRED)" if rec.expires <= time.time() else ""))
+    if authority:
+        problem = rec.problem(authority, rec.run_id, now=0.0)
+        print(f"signature: {'valid' if problem is None else 'INVALID'} for authority {authority}")
+    else:
+        print("signature: not checked (pass --authority HEX)")
+    print(f"learners ({len(rec.learners)}):" + "".join(f"\n  {p}" for p in rec.learners))
+    c = rec.run_config()
+    print(f"config:\n  model sha256 {c.model}\n  task {c.task}\n  lora {c.lora}")
+    for section in ("sampling", "algo", "optim"):
+        print(f"  {section}: " + ", ".join(f"{k}={v}" for k, v in getattr(c, section).items()))
+    return 0 if authority is None or problem is None else 2
+
+
 def _usage(msg: str) -> Exception:
     from p2prl.config import ConfigError
 
@@ -418,7 +581,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "swarm": _cmd_swarm, "config": _cmd_config}
+                    "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)

@@ -46,6 +46,7 @@ from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, p
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.rollout.verify import Verifier
+from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
 from p2prl.swarm.membership import Membership
@@ -105,6 +106,9 @@ class Learner:
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
+        if cfg.trust.authority:  # refused before it serves anything: a bad run record names what to do
+            node.trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id,
+                                       node.peer_id, self.run_config)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
@@ -144,7 +148,8 @@ class Learner:
         r = cfg.rounds
         rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
         self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
-                                     target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s, rule=rule)
+                                     target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s, rule=rule,
+                                     authorized=self.node.trust.authorized)
         if rule is not None:
             log.info("gradient rounds aggregate robustly: %s", rule.describe())
         if self.base_acc is None:
@@ -302,6 +307,7 @@ class Learner:
                    "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
                    "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
                    "admission": dict(self.counts), "membership": dict(self.membership.counts),
+                   "trust": dict(self.node.trust.counts),
                    "weights_bytes_served": self.store.bytes_served,
                    "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
@@ -325,7 +331,7 @@ class Learner:
         self.store.add(v, sha, blob)
         with self.lock:
             self.ledger.publish(v, sha)
-        self.latest = PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight)
+        self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
         self.node.publish_policy(self.latest)
         return sha
 
@@ -374,8 +380,10 @@ class Learner:
             opt = self.core.optimizer_blob()
             with self.lock:
                 published, trained = self.ledger.history()
-            header = state_header(self.core.version, sha, self.latest.weight if self.latest else 0, published, trained,
-                                  len(weights))
+            weight = self.latest.weight if self.latest else 0
+            record = self.node.trust.sign(PolicyRecord(version=self.core.version, sha256=sha, size=len(weights),
+                                                       weight=weight))
+            header = state_header(self.core.version, sha, weight, published, trained, len(weights), record)
         return header, weights, opt
 
     def peer_record(self) -> PeerRecord:

@@ -4,7 +4,9 @@ The loop reads top to bottom: heartbeat; pick up a newer policy version when the
 delay allows (fetched from another sampler when one holds it, hash-verified); generate
 one batch of groups; send each to a learner; settle acknowledgements. A group stays in
 the outbox until a learner reports it trained or dropped; if its learner vanishes or
-forgets it, it is resent (to another learner when there is one).
+forgets it, it is resent (to another learner when there is one). In a run with an authority
+(``swarm/authority.py``) it waits for the run record the authority signed, checks the run's
+config against it, and loads versions from and sends groups to authorized learners only.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from p2prl.policy import load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
-from p2prl.swarm.runconfig import run_config
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.sampler.core")
@@ -199,15 +202,35 @@ class Sampler:
         return bool(usable) and all(self.queues.get(r.peer_id, 0) >= self.cfg.flow.max_learner_queue for r in usable)
 
     def heartbeat(self) -> None:
+        self.node.refresh_trust()
         self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
                                       queue_depth=len(self.outbox)))
         self.learners = self.node.peers("learner")
 
+    def join_authority_run(self, stop: threading.Event) -> None:
+        """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
+        node = self.node
+        node.trust = Trust(self.cfg.trust.authority, self.cfg.net.run_id)
+        rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
+                         f"the run record of run {self.cfg.net.run_id!r} signed by authority {self.cfg.trust.authority[:12]}",
+                         log, stop)
+        if rec is None:
+            return
+        diff = differences(rec.run_config(), run_config(self.cfg, self.core.task), SAMPLER_SECTIONS)
+        if diff:
+            raise RunConfigMismatch(f"this sampler does not match run {self.cfg.net.run_id!r} (as signed by its "
+                                    "authority):\n  " + "\n  ".join(diff)
+                                    + "\nuse the run's config file (or the same overrides) to join it")
+        log.info("run %r: authority %s, %d authorized learners", rec.run_id, self.cfg.trust.authority[:12],
+                 len(rec.learners))
+
     def run(self, stop: threading.Event) -> None:
         n = self.cfg.train.groups_per_step
         if not self.cfg.net.client_mode:
             self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
+        if self.cfg.trust.authority:
+            self.join_authority_run(stop)
         self.heartbeat()
         wait_until(lambda: self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs(),
                    f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop)
@@ -245,4 +268,5 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
         sampler.run(stop)
     finally:
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts}
+    return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts,
+            **node.trust.counts}

@@ -48,6 +48,7 @@ import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -272,8 +273,9 @@ class GradientRounds:
     """One learner's side of the gradient rounds between the learners of a run: exact mean, or ``rule`` (robust)."""
 
     def __init__(self, dht, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
-                 timeout_s: float, rule: Rule | None = None):
-        self.n, self.max_group, self.rule = n_params, target_group_size, rule
+                 timeout_s: float, rule: Rule | None = None, authorized: Callable[[str], bool] = lambda peer: True):
+        """``authorized``: whether a peer may be a member (authority runs); a round with any other member fails."""
+        self.n, self.max_group, self.rule, self.authorized = n_params, target_group_size, rule, authorized
         self.find_timeout_s = 2 * wait_s + 1  # looking for the other learners; the all-reduce has timeout_s
         chunk_timeout = max(1.0, timeout_s / 4)
         # robust mode: the averager only forms groups and gathers metadata (a one-value tensor, no large all-reduce)
@@ -334,6 +336,8 @@ class GradientRounds:
         tags: list[list] = []
         members: dict[str, dict] = {}
         for peer, m in sorted(gathered.items(), key=lambda kv: str(kv[0])):
+            if not self.authorized(str(peer)):
+                raise RoundFailed("unauthorized_member", f"peer {str(peer)[-6:]} is not an authorized learner")
             if not isinstance(m, dict) or m.get("version") != version or m.get("sha256") != sha256:
                 raise RoundFailed("mixed_versions", f"peer {str(peer)[-6:]} is at another version or hash")
             w = m.get("weight")

@@ -124,6 +124,9 @@ class _Record(BaseModel):
             return None
 
 
+Record = _Record  # the base of DHT records defined in other modules (swarm/authority.py)
+
+
 class PeerRecord(_Record):
     """What every peer announces under ``key(run_id, "peers")`` with a TTL heartbeat."""
 
@@ -150,6 +153,9 @@ class PolicyRecord(_Record):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(gt=0)
     weight: int = Field(0, ge=0, le=2**40, description="samples averaged into this version (learners' tie-break)")
+    # with a run authority: the publisher's libp2p public key and its signature (swarm/authority.py); empty in open mode
+    key: bytes = Field(b"", max_length=1024)
+    signature: bytes = Field(b"", max_length=1024)
 
     def rank(self) -> tuple:
         """Order of competing records: newest version, then most samples, then the smaller hash."""

@@ -5,7 +5,8 @@
 (from the DHT's peer records, or named in another learner's reply) for its latest record;
 one that does not answer for two record lifetimes is forgotten. Under churn a DHT look-up
 can miss some subkeys of a key for a while; asking directly keeps learners from stepping
-apart unseen.
+apart unseen. In an authority run (``authority.py``) a learner says hello only to authorized
+learners, answers only them, and keeps only records they signed.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Membership:
         self._thread: threading.Thread | None = None
 
     def serve(self) -> None:
-        self.node.serve("hello", self.on_hello)
+        self.node.serve("hello", self.on_hello, learners_only=True)
 
     def start_heartbeats(self) -> None:
         """Heartbeats from their own thread: a learner waiting in a long gradient round stays visible."""
@@ -71,18 +72,21 @@ class Membership:
         self.node.publish_policy(self.latest())
         if self.run_config is not None:
             self.node.publish_run_config(self.run_config)
+        self.node.refresh_trust()
+        self.node.publish_run_record()
         now, me = time.time(), self.node.peer_id
         found = [r.peer_id for r in self.node.peers("learner") if r.peer_id != me]
         with self.lock:
             for p in found:
                 self.known.setdefault(p, now)
-            known = list(self.known)
+            known = [p for p in self.known if self.node.trust.authorized(p)]
         # under churn a DHT look-up can miss some learners for a while, so every learner we ever
         # heard of is asked directly, and tells us whom it knows
         for peer in known:
             self.hello(peer, now)
         with self.lock:
-            self.others = [p for p, t in self.known.items() if now - t <= 2 * self.node.ttl]
+            self.others = [p for p, t in self.known.items()
+                           if now - t <= 2 * self.node.ttl and self.node.trust.authorized(p)]
 
     def hello(self, peer: str, now: float) -> None:
         """Ask ``peer`` for its record and the learners it knows; forget it once silent for too long."""
@@ -100,12 +104,15 @@ class Membership:
                 log.info("hello to learner %s failed: %s (%d so far)", peer[-6:], type(e).__name__, n)
             return
         rec = PolicyRecord.decode(reply["policy"])
+        if rec is not None and not self.node.trust.policy_ok(peer, rec):
+            self.node.trust.reject("policy_record", peer)
+            rec = None
         with self.lock:
             self.known[peer] = now
             if rec is not None:
                 self.policies[peer] = rec
             for q in reply["learners"][:MAX_HELLO_LEARNERS]:
-                if isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id:
+                if isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id and self.node.trust.authorized(q):
                     self.known.setdefault(q, now)
 
     async def on_hello(self, peer: str, reader, writer) -> None:

@@ -17,6 +17,7 @@ import time
 from typing import Awaitable, Callable
 
 from p2prl.config import NetConfig
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, key, shutdown_dht, start_dht
 
 log = logging.getLogger("p2prl.node")
@@ -72,6 +73,7 @@ class SwarmNode:
             rpc_timeout_s=cfg.dht_rpc_timeout_s,
         )
         self.peer_id = self.dht.peer_id.to_base58()
+        self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
         self._dht_lock = threading.Lock()
         self.dht_errors = 0
         self._loop = asyncio.new_event_loop()
@@ -142,11 +144,14 @@ class SwarmNode:
         return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)
 
     def peers(self, role: str | None = None) -> list[PeerRecord]:
-        """Live peers of this run (records that parse, match the run and their subkey)."""
+        """Live peers of this run (records that parse, match the run and their subkey); learners only if authorized."""
         out = []
         for sub, raw in self._get_dict(key(self.cfg.run_id, "peers")).items():
             rec = PeerRecord.decode(raw)
             if rec and rec.peer_id == sub and rec.run_id == self.cfg.run_id and (role is None or rec.role == role):
+                if rec.role == "learner" and not self.trust.authorized(rec.peer_id):
+                    self.trust.reject("learner_record", rec.peer_id)
+                    continue
                 out.append(rec)
         return out
 
@@ -158,18 +163,33 @@ class SwarmNode:
         self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
 
     def latest_policy(self) -> tuple[str, PolicyRecord] | None:
-        """(publisher, record) of the newest published version (ties: see ``PolicyRecord.rank``), or None."""
+        """(publisher, record) of the newest published version (ties: see ``PolicyRecord.rank``), or None.
+
+        With a run authority, only records signed by an authorized learner count (others are counted and logged)."""
         recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
         recs = [(p, r) for p, r in recs if r is not None]
+        for p, r in [(p, r) for p, r in recs if not self.trust.policy_ok(p, r)]:
+            self.trust.reject("policy_record", p)
+            recs.remove((p, r))
         return max(recs, key=lambda pr: pr[1].rank()) if recs else None
 
     def publish_run_config(self, rec: RunConfigRecord) -> None:
         self._store(key(self.cfg.run_id, "config"), self.peer_id, rec.encode(), self.ttl)
 
     def run_configs(self) -> dict[str, RunConfigRecord]:
-        """The run configs that live learners publish (publisher -> record); invalid ones are left out."""
+        """The run configs that live (authorized) learners publish (publisher -> record); invalid ones are left out."""
         recs = {p: RunConfigRecord.decode(v) for p, v in self._get_dict(key(self.cfg.run_id, "config")).items()}
-        return {p: r for p, r in recs.items() if r is not None}
+        return {p: r for p, r in recs.items() if r is not None and self.trust.authorized(p)}
+
+    def publish_run_record(self) -> None:
+        """Republish the run record we hold (authority runs), so that samplers can find it."""
+        if self.trust.record is not None:
+            self._store(key(self.cfg.run_id, "authority"), self.peer_id, self.trust.record.encode(), self.ttl)
+
+    def refresh_trust(self) -> None:
+        """Authority runs: adopt the newest valid run record in the DHT (the authority may have added learners)."""
+        if not self.trust.open:
+            self.trust.refresh(self._get_dict(key(self.cfg.run_id, "authority")))
 
     def holders(self, rec: PolicyRecord) -> list[str]:
         """Peers announcing that they hold exactly this version and hash."""
@@ -180,15 +200,20 @@ class SwarmNode:
     def _proto(self, name: str) -> str:
         return f"p2prl/{self.cfg.run_id}/{name}"
 
-    def serve(self, name: str, handler: Handler, timeout_s: float | None = None) -> None:
+    def serve(self, name: str, handler: Handler, timeout_s: float | None = None, learners_only: bool = False) -> None:
         """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
 
         One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
-        handler is logged with the remote peer; it never stops the node.
+        handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
+        from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
         """
 
         async def on_stream(info, reader, writer):
             peer = info.peer_id.to_base58()
+            if learners_only and not self.trust.authorized(peer):
+                self.trust.reject(f"{name}_request", peer)
+                writer.close()
+                return
             try:
                 await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
                 # let the requester read the reply and close first: closing at once, or with its unread

@@ -2,10 +2,12 @@
 
 Request ``{}`` (msgpack). Reply one frame: a 4-byte big-endian header length, the msgpack
 header ``{"version", "sha256", "weight", "published": {str(version): sha256}, "trained":
-[group ids], "weights_len"}``, then ``weights_len`` bytes of safetensors weights, then the
-optimizer state (safetensors). The receiver bounds the reply by 3 x ``flow.max_weights_mb``
+[group ids], "weights_len", "record"}``, then ``weights_len`` bytes of safetensors weights, then the
+optimizer state (safetensors). ``record``: the sender's ``PolicyRecord`` of exactly this version
+and hash, signed in an authority run. The receiver bounds the reply by 3 x ``flow.max_weights_mb``
 and checks the weights' hash, every header field and the version against the record it
-acted on before anyone loads anything (``docs/protocol.md``).
+acted on before anyone loads anything; in an authority run only authorized learners are
+asked or answered, and the header's record must be signed by the sender (``docs/protocol.md``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 
 MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
 MAX_STATE_IDS = 1 << 20
-HEADER_FIELDS = {"version": int, "sha256": str, "weight": int, "published": dict, "trained": list, "weights_len": int}
+HEADER_FIELDS = {"version": int, "sha256": str, "weight": int, "published": dict, "trained": list, "weights_len": int,
+                 "record": bytes}
 SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
@@ -37,12 +40,13 @@ class PeerState:
     trained: list[str]
     weights: bytes
     optimizer: bytes
+    record: PolicyRecord | None = None  # the sender's record of this version and hash (signed in an authority run)
 
 
 def state_header(version: int, sha256: str, weight: int, published: dict[str, str], trained: list[str],
-                 weights_len: int) -> dict:
+                 weights_len: int, record: PolicyRecord) -> dict:
     return {"version": version, "sha256": sha256, "weight": weight, "published": published, "trained": trained,
-            "weights_len": weights_len}
+            "weights_len": weights_len, "record": record.encode()}
 
 
 def encode_state(header: dict, weights: bytes, optimizer: bytes) -> tuple[bytes, ...]:
@@ -70,7 +74,10 @@ def decode_state(reply: bytes) -> PeerState:
         if not (isinstance(v, str) and v.isdigit() and isinstance(sha, str) and SHA256.fullmatch(sha)):
             raise ValueError("bad published map")
         published[int(v)] = sha
-    return PeerState(h["version"], h["sha256"], h["weight"], published, h["trained"], weights, opt)
+    record = PolicyRecord.decode(h["record"])
+    if record is None or (record.version, record.sha256, record.size) != (h["version"], h["sha256"], len(weights)):
+        raise ValueError("the state's record does not describe its weights")
+    return PeerState(h["version"], h["sha256"], h["weight"], published, h["trained"], weights, opt, record)
 
 
 def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me: str) -> tuple[str, PolicyRecord] | None:
@@ -88,7 +95,7 @@ class StateSync:
         self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
 
     def serve(self) -> None:
-        self.node.serve("state", self.on_state, self.serve_timeout_s)
+        self.node.serve("state", self.on_state, self.serve_timeout_s, learners_only=True)
 
     async def on_state(self, peer: str, reader, writer) -> None:
         """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
@@ -97,10 +104,16 @@ class StateSync:
         await write_frame(writer, *encode_state(header, weights, opt))
 
     def fetch(self, peer: str, rec: PolicyRecord) -> PeerState:
-        """The state of ``peer``, whose record ``rec`` we act on; ValueError if it is bad or older than ``rec``."""
+        """The state of ``peer``, whose record ``rec`` we act on; ValueError if it is bad or older than ``rec``,
+        or (authority runs) ``peer`` is not an authorized learner or did not sign the state's record."""
+        if not self.node.trust.authorized(peer):
+            raise ValueError("it is not an authorized learner of the run")
         reply = self.node.request(peer, "state", pack({}), max_reply=self.limit,
                                   timeout_s=self.node.transfer_timeout(self.limit // 3))
         got = decode_state(reply)
+        if not self.node.trust.policy_ok(peer, got.record):
+            self.node.trust.reject("state", peer)
+            raise ValueError("its state's record is not signed by it")
         if got.version < rec.version:
             raise ValueError(f"it sent v{got.version}, older than its record v{rec.version}")
         return got

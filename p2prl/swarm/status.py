@@ -6,13 +6,16 @@ import json
 import time
 
 from p2prl.config import Config
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.node import SwarmNode
 
 
 def show_status(cfg: Config, as_json: bool = False) -> int:
     cfg.net.client_mode = True
     node = SwarmNode(cfg.net, "status")
+    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
     try:
+        node.refresh_trust()
         peers = node.peers()
         latest = node.latest_policy()
     finally:
@@ -29,7 +32,9 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
     if as_json:
-        print(json.dumps({"run_id": cfg.net.run_id, "policy_version": version, "peers": rows}, indent=1))
+        trust = {"authority": cfg.trust.authority or None,
+                 "learners": len(node.trust.record.learners) if node.trust.record else None}
+        print(json.dumps({"run_id": cfg.net.run_id, "policy_version": version, "trust": trust, "peers": rows}, indent=1))
         return 0
     from rich.console import Console
     from rich.table import Table
@@ -41,4 +46,5 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
                       f"{r['throughput']:.2f}", str(r["queue_depth"]), f"{r['last_seen_s']:.0f} s ago")
     Console().print(table if rows else f"no live peers in run {cfg.net.run_id!r}")
+    Console().print(node.trust.describe())
     return 0

@@ -12,6 +12,7 @@ import pytest
 from p2prl.config import load_config
 from p2prl.learner.loop import Learner
 from p2prl.policy.model import PolicyLoadError
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.protocol import MISSING, OK, WeightStore, pack, weights_handler
@@ -25,8 +26,15 @@ class FakeNode:
 
     def __init__(self, reply=None):
         self.reply, self.shut = reply, False
+        self.trust = Trust("", "test")
 
     def announce(self, rec):
+        pass
+
+    def refresh_trust(self):
+        pass
+
+    def publish_run_record(self):
         pass
 
     def publish_policy(self, rec):
@@ -149,13 +157,14 @@ def test_state_reply_round_trip_and_checks():
 
     w, opt = b"weights-bytes", b"optimizer"
     sha = hashlib.sha256(w).hexdigest()
-    header = state_header(7, sha, 12, {"6": "cd" * 32, "7": sha}, ["s/1", "s/2"], len(w))
-    assert list(header) == ["version", "sha256", "weight", "published", "trained", "weights_len"]
+    rec = PolicyRecord(version=7, sha256=sha, size=len(w), weight=12)
+    header = state_header(7, sha, 12, {"6": "cd" * 32, "7": sha}, ["s/1", "s/2"], len(w), rec)
+    assert list(header) == ["version", "sha256", "weight", "published", "trained", "weights_len", "record"]
     reply = b"".join(encode_state(header, w, opt))
     assert reply == len(pack(header)).to_bytes(4, "big") + pack(header) + w + opt
     got = decode_state(reply)
     assert (got.version, got.weight, got.published, got.trained) == (7, 12, {6: "cd" * 32, 7: sha}, ["s/1", "s/2"])
-    assert (got.weights, got.optimizer) == (w, opt)
+    assert (got.weights, got.optimizer, got.record) == (w, opt, rec)
 
     def bad(**change) -> str:
         with pytest.raises(ValueError) as e:
@@ -168,6 +177,8 @@ def test_state_reply_round_trip_and_checks():
     assert bad(published={"x6": sha}) == "bad published map"
     assert bad(trained=["s/1", 3]) == "bad trained group ids"
     assert bad(version="7") == "field 'version' missing or not int"
+    assert bad(record=rec.model_copy(update={"version": 6}).encode()) == "the state's record does not describe its weights"
+    assert bad(record=b"junk") == "the state's record does not describe its weights"
 
     mine = PolicyRecord(version=5, sha256="ab" * 32, size=1, weight=8)
     same_v_more_samples = PolicyRecord(version=5, sha256="cd" * 32, size=1, weight=9)

@@ -1,0 +1,317 @@
+"""The run authority: who may publish versions, train and average in a public run.
+
+The authority holds an Ed25519 key (``p2prl run init``). It signs a ``RunRecord``: the run id,
+the run's config (a ``RunConfigRecord``), the peer ids of the authorized learners and an
+expiry. A learner proves its peer id with the RSA key of its libp2p identity file
+(``net.identity_path``): it signs its ``PolicyRecord``s with it, and a verifier recomputes the
+peer id from the public key the record carries, as libp2p does. So authorizing a learner is
+authorizing its peer id, and the same peer id authenticates its libp2p streams.
+
+Learners publish the run record in the DHT with every heartbeat; every peer keeps the newest
+valid one (signed by ``trust.authority``, this run, not expired). In open mode (no authority)
+every check passes: today's behaviour for local runs. See ``docs/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import time
+from collections import Counter
+from pathlib import Path
+from typing import ClassVar
+
+import msgpack
+from pydantic import Field, field_validator
+
+from p2prl.config import ConfigError
+from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
+
+log = logging.getLogger("p2prl.authority")
+
+RUN_DOMAIN = b"p2prl/run-record/v1\0"  # domain separation: a signature of one kind never verifies as another
+POLICY_DOMAIN = b"p2prl/policy-record/v1\0"
+MAX_LEARNERS = 256
+MAX_PUBLIC_KEY = 1024  # bytes of a learner's protobuf public key (RSA-2048: about 300)
+MAX_SIGNATURE = 1024
+
+
+class TrustError(ConfigError):
+    """A run record, key file or identity that cannot be used; the message says what to do."""
+
+
+# ---- learner identities (libp2p RSA keys) ---------------------------------------------------------
+def _peer_id_of(public_protobuf: bytes) -> str:
+    """The libp2p peer id of a protobuf ``PublicKey`` (sha256 multihash, base58), as hivemind derives it."""
+    import base58
+
+    return base58.b58encode(b"\x12\x20" + hashlib.sha256(public_protobuf).digest()).decode()
+
+
+class LearnerKey:
+    """A learner's libp2p identity: signs with its RSA key; ``public`` is the protobuf public key peers verify with."""
+
+    def __init__(self, identity: bytes):
+        from cryptography.hazmat.primitives import serialization
+        from hivemind.proto import crypto_pb2
+
+        self._key = serialization.load_der_private_key(crypto_pb2.PrivateKey.FromString(identity).data, password=None)
+        spki = self._key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        self.public = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=spki).SerializeToString()
+        self.peer_id = _peer_id_of(self.public)
+
+    @classmethod
+    def load(cls, path: str) -> LearnerKey:
+        try:
+            return cls(Path(path).read_bytes())
+        except OSError as e:
+            raise TrustError(f"net.identity_path {path!r}: {e.strerror}") from None
+        except Exception:
+            raise TrustError(f"net.identity_path {path!r} is not a libp2p identity file (as hivemind writes)") from None
+
+    def sign(self, message: bytes) -> bytes:
+        from cryptography.hazmat.primitives import hashes
+        from cryptography.hazmat.primitives.asymmetric import padding
+
+        return self._key.sign(message, padding.PKCS1v15(), hashes.SHA256())
+
+
+def create_identity(path: str) -> str:
+    """Create a libp2p identity file at ``path`` when missing (as hivemind does); its peer id."""
+    if not Path(path).exists():
+        from hivemind.p2p import P2P
+
+        P2P.generate_identity(path)
+    return LearnerKey.load(path).peer_id
+
+
+def signer_peer_id(public: bytes, message: bytes, signature: bytes) -> str | None:
+    """The peer id whose RSA key made ``signature`` over ``message``; None if it does not verify (never raises)."""
+    if not (0 < len(public) <= MAX_PUBLIC_KEY and 0 < len(signature) <= MAX_SIGNATURE):
+        return None
+    try:
+        from cryptography.hazmat.primitives import hashes, serialization
+        from cryptography.hazmat.primitives.asymmetric import padding, rsa
+        from hivemind.proto import crypto_pb2
+
+        pk = crypto_pb2.PublicKey.FromString(public)
+        if pk.key_type != crypto_pb2.RSA or pk.SerializeToString() != public:
+            return None
+        key = serialization.load_der_public_key(pk.data)
+        if not isinstance(key, rsa.RSAPublicKey) or not 2048 <= key.key_size <= 8192:
+            return None
+        key.verify(signature, message, padding.PKCS1v15(), hashes.SHA256())
+    except Exception:  # protobuf, DER or signature errors
+        return None
+    return _peer_id_of(public)
+
+
+def policy_message(run_id: str, publisher: str, rec: PolicyRecord) -> bytes:
+    return POLICY_DOMAIN + msgpack.packb([run_id, publisher, rec.version, rec.sha256, rec.size, rec.weight])
+
+
+def sign_policy(rec: PolicyRecord, run_id: str, key: LearnerKey) -> PolicyRecord:
+    return rec.model_copy(update={"key": key.public, "signature": key.sign(policy_message(run_id, key.peer_id, rec))})
+
+
+# ---- the authority's key and the run record ---------------------------------------------------------
+class RunRecord(Record):
+    """The run as the authority signed it: run id, config, authorized learners, validity period.
+
+    DHT: ``key(run_id, "authority")``, subkey = the learner that republished it.
+    """
+
+    MAX_BYTES: ClassVar[int] = 65536
+    run_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    config: bytes = Field(max_length=RunConfigRecord.MAX_BYTES, description="the run's RunConfigRecord, encoded")
+    learners: list[str] = Field(max_length=MAX_LEARNERS)
+    issued: float = Field(ge=0, le=1e11)
+    expires: float = Field(ge=0, le=1e11)
+    signature: bytes = Field(b"", max_length=64)
+
+    @field_validator("learners")
+    @classmethod
+    def _peer_ids(cls, v: list[str]) -> list[str]:
+        if any(not 0 < len(p) <= 128 for p in v) or v != sorted(set(v)):
+            raise ValueError("learners must be distinct peer ids, sorted")
+        return v
+
+    @field_validator("config")
+    @classmethod
+    def _config(cls, v: bytes) -> bytes:
+        if RunConfigRecord.decode(v) is None:
+            raise ValueError("not a run config record")
+        return v
+
+    def run_config(self) -> RunConfigRecord:
+        return RunConfigRecord.decode(self.config)
+
+    def message(self) -> bytes:
+        return RUN_DOMAIN + msgpack.packb([self.run_id, self.config, self.learners, self.issued, self.expires],
+                                          use_bin_type=True)
+
+    def signed(self, key) -> RunRecord:
+        return self.model_copy(update={"signature": key.sign(self.message())})
+
+    def problem(self, authority: str, run_id: str, now: float | None = None) -> str | None:
+        """Why this record does not hold for run ``run_id`` under ``authority`` (hex public key); None if it does."""
+        from cryptography.exceptions import InvalidSignature
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        try:
+            Ed25519PublicKey.from_public_bytes(bytes.fromhex(authority)).verify(self.signature, self.message())
+        except (InvalidSignature, ValueError, TypeError):
+            return f"it is not signed by the run authority {authority[:12]}…"
+        if self.run_id != run_id:
+            return f"it is for run {self.run_id!r}, this peer is in run {run_id!r}"
+        if self.expires <= (time.time() if now is None else now):
+            return f"it expired on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(self.expires))}"
+        return None
+
+
+def new_run_record(run_id: str, config: RunConfigRecord, learners: list[str], expires_days: float, key) -> RunRecord:
+    now = time.time()
+    return RunRecord(run_id=run_id, config=config.encode(), learners=sorted(set(learners)), issued=now,
+                     expires=now + expires_days * 86400).signed(key)
+
+
+def new_authority_key():
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return Ed25519PrivateKey.generate()
+
+
+def public_hex(key) -> str:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+
+
+def save_authority_key(key, path: Path) -> None:
+    """PKCS#8 PEM, readable by the owner only (created with mode 0600, never world-readable in between)."""
+    from cryptography.hazmat.primitives import serialization
+
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+
+
+def load_authority_key(path: Path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except OSError as e:
+        raise TrustError(f"{path}: {e.strerror}") from None
+    except (ValueError, TypeError):
+        key = None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise TrustError(f"{path} is not a run authority key (an Ed25519 PEM file that `p2prl run init` writes)")
+    return key
+
+
+def load_run_record(path: str | Path, what: str = "trust.run_record") -> RunRecord:
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise TrustError(f"{what} {str(path)!r}: {e.strerror}") from None
+    rec = RunRecord.decode(raw)
+    if rec is None:
+        raise TrustError(f"{what} {str(path)!r} is not a run record (as `p2prl run init` writes)")
+    return rec
+
+
+# ---- what a peer trusts -----------------------------------------------------------------------------
+class Trust:
+    """This peer's view of the run's authority: the newest valid run record, and checks against it.
+
+    Open mode (``authority`` empty): everything is authorized and policy records are unsigned.
+    ``key``: a learner's identity, to sign its own policy records.
+    """
+
+    def __init__(self, authority: str, run_id: str, record: RunRecord | None = None, key: LearnerKey | None = None):
+        self.authority, self.run_id, self.record, self.key = authority, run_id, record, key
+        self.counts: Counter[str] = Counter()
+
+    @property
+    def open(self) -> bool:
+        return not self.authority
+
+    def describe(self) -> str:
+        if self.open:
+            return "trust: open (anyone may publish versions)"
+        n = len(self.record.learners) if self.record else 0
+        return f"trust: authority {self.authority[:12]}, {n} learners" + ("" if self.record else " (no valid run record seen)")
+
+    def refresh(self, found: dict[str, bytes]) -> RunRecord | None:
+        """Adopt the newest valid run record among ``found`` (DHT subkey -> value); the record held now."""
+        for peer, raw in found.items():
+            rec = RunRecord.decode(raw)
+            if rec is None or (self.record is not None and rec.issued <= self.record.issued):
+                continue
+            if rec.problem(self.authority, self.run_id) is None:
+                if self.record is not None and set(rec.learners) != set(self.record.learners):
+                    log.info("run record of %s: %d authorized learners", time.strftime("%H:%M:%S", time.gmtime(rec.issued)),
+                             len(rec.learners))
+                self.record = rec
+            else:
+                self.reject("run_record", peer)
+        if self.record is not None and self.record.expires <= time.time():
+            log.warning("the run record expired: no learner is authorized until the authority renews it")
+            self.record = None
+        return self.record
+
+    def authorized(self, peer: str) -> bool:
+        if self.open:
+            return True
+        rec = self.record
+        return rec is not None and peer in rec.learners and rec.expires > time.time()
+
+    def policy_ok(self, publisher: str, rec: PolicyRecord) -> bool:
+        """Open mode: always; else ``rec`` is signed by ``publisher``'s key and ``publisher`` is an authorized learner."""
+        if self.open:
+            return True
+        return (self.authorized(publisher)
+                and signer_peer_id(rec.key, policy_message(self.run_id, publisher, rec), rec.signature) == publisher)
+
+    def sign(self, rec: PolicyRecord) -> PolicyRecord:
+        return rec if self.open or self.key is None else sign_policy(rec, self.run_id, self.key)
+
+    def reject(self, what: str, peer: str) -> None:
+        """Count (and log, the first few and then every 100th) something refused because of who sent it."""
+        self.counts[f"untrusted/{what}"] += 1
+        n = self.counts[f"untrusted/{what}"]
+        if n <= 5 or n % 100 == 0:
+            log.warning("refused %s from %s: not signed by an authorized learner of run %r (%d so far)",
+                        what.replace("_", " "), peer[-6:], self.run_id, n)
+
+
+def learner_trust(authority: str, record_path: str, identity_path: str, run_id: str, node_peer_id: str,
+                  mine: RunConfigRecord) -> Trust:
+    """A learner's trust in an authority run: its run record checked against everything it can check."""
+    from p2prl.swarm.runconfig import LEARNER_SECTIONS, RunConfigMismatch, differences
+
+    if not identity_path:
+        raise TrustError("with trust.authority set, a learner needs net.identity_path (--identity-path): its peer id "
+                         "is what the run authority authorizes")
+    if not record_path:
+        raise TrustError("with trust.authority set, a learner needs trust.run_record: the file `p2prl run init` "
+                         "wrote (run.record)")
+    key = LearnerKey.load(identity_path)
+    if key.peer_id != node_peer_id:
+        raise TrustError(f"net.identity_path {identity_path!r} is not this node's identity")
+    rec = load_run_record(record_path)
+    problem = rec.problem(authority, run_id)
+    if problem:
+        raise TrustError(f"trust.run_record {record_path!r} cannot be used: {problem}")
+    diff = differences(rec.run_config(), mine, LEARNER_SECTIONS)
+    if diff:
+        raise RunConfigMismatch(f"this learner does not match run {run_id!r} (as signed by its authority):\n  "
+                                + "\n  ".join(diff) + "\nuse the run's config file (or the same overrides)")
+    if key.peer_id not in rec.learners:
+        raise TrustError(f"this learner ({key.peer_id}) is not authorized in {record_path!r}; the run authority runs "
+                         f"`p2prl run add-learner <its run folder> {key.peer_id}` and sends back run.record")
+    return Trust(authority, run_id, rec, key)
