@@ -54,7 +54,7 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
-from p2prl.swarm.node import FrameError, _drain, read_frame, write_frame
+from p2prl.swarm.node import FrameError, drain, read_frame, write_frame
 
 log = logging.getLogger("p2prl.averaging")
 
@@ -227,7 +227,7 @@ class BlobExchange:
             with self.lock:
                 blob = self.blobs.get(want, b"")
             await asyncio.wait_for(write_frame(writer, blob), self.timeout_s)
-            await asyncio.wait_for(_drain(reader, 1024), 5)  # the requester closes once it has read
+            await asyncio.wait_for(drain(reader, 1024), 5)  # the requester closes once it has read
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, FrameError) as e:
             log.debug("gradient request from %s ended: %s", str(info.peer_id)[-6:], type(e).__name__)
         finally:

@@ -29,7 +29,7 @@ Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
 
 
-async def _drain(reader: asyncio.StreamReader, limit: int) -> None:
+async def drain(reader: asyncio.StreamReader, limit: int) -> None:
     """Read and discard until EOF or ``limit`` bytes."""
     seen = 0
     while seen < limit:
@@ -218,7 +218,7 @@ class SwarmNode:
                 await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
                 # let the requester read the reply and close first: closing at once, or with its unread
                 # bytes still arriving (a refused oversized frame), can lose the reply
-                await asyncio.wait_for(_drain(reader, DRAIN_LIMIT), 5)
+                await asyncio.wait_for(drain(reader, DRAIN_LIMIT), 5)
             except asyncio.CancelledError:  # node shutting down
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
