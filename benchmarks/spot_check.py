@@ -7,7 +7,8 @@ For each model (the built-in tiny model on the addition task; the test model of
 64 new tokens) and dtype (float32, bfloat16), a sampler (transformers' generate, the default
 backend, in its own copy of the model) generates ``--groups`` groups of G = 8 completions; the
 learner's ``SpotChecker`` recomputes them with the same weights (kept serialized, loaded into its
-scratch copy). Honest: the statistic of the groups as sampled (largest per-completion mean
+scratch copy). A last row has a bfloat16 sampler against a float32 learner (model.dtype is each
+peer's own choice), with 4x as many groups. Honest: the statistic of the groups as sampled (largest per-completion mean
 |logq - logp|). Forged: the same groups with logq shifted so that GEPO's / GRPO's weight p/q sits
 at the clip boundary 1 + eps (eps = algo.eps = 0.2): by log(1 + eps) on every token, or the whole
 sequence's shift L log(1 + eps) on its first token. Cost: the admission thread's time per checked
@@ -61,7 +62,7 @@ def forged(g, shift: float, where: str):
     return f
 
 
-def measure(name: str, model_path: str, overrides: list[str], n: int) -> dict:
+def measure(name: str, model_path: str, overrides: list[str], n: int, sampler_dtype: str = "") -> dict:
     from p2prl.config import load_config
     from p2prl.learner.core import LearnerCore
     from p2prl.learner.spotcheck import SpotChecker
@@ -76,7 +77,8 @@ def measure(name: str, model_path: str, overrides: list[str], n: int) -> dict:
     checker = SpotChecker(learner.policy.model, learner.policy.pad_id, cfg, b"\0" * 32)
     blob, sha = serialize_weights(learner.policy.model)
     checker.keep(0, sha, blob)
-    groups = groups_of(load_policy(model_path, cfg.model), cfg, task, n, sha)
+    sampler_model = cfg.model.model_copy(update={"dtype": sampler_dtype}) if sampler_dtype else cfg.model
+    groups = groups_of(load_policy(model_path, sampler_model), cfg, task, n, sha)
     shift = math.log1p(cfg.algo.eps)
     honest, checks = [], []
     for g in groups:
@@ -95,7 +97,8 @@ def measure(name: str, model_path: str, overrides: list[str], n: int) -> dict:
         start = time.perf_counter()
         learner.gradient([g])
         grads.append(time.perf_counter() - start)
-    return {"name": name, "dtype": cfg.model.dtype, "tokens": float(np.mean([g.lengths.mean() for g in groups])),
+    dtype = f"{sampler_dtype} sampler, {cfg.model.dtype} learner" if sampler_dtype else cfg.model.dtype
+    return {"name": name, "dtype": dtype, "tokens": float(np.mean([g.lengths.mean() for g in groups])),
             "honest": honest, "forged": forged_stats, "check_s": statistics.median(checks),
             "switch_s": max(0.0, statistics.median(switches)), "grad_s": statistics.median(grads),
             "mb": len(blob) / 2**20}
@@ -119,15 +122,18 @@ def main() -> None:
             rows.append(measure("test model, math", test_model,
                                 [f"model.dtype={dtype!r}", "task.name='math'", "task.path='builtin'",
                                  "sampling.max_new_tokens=64"], args.groups))
+    # model.dtype is each peer's choice: a bfloat16 sampler of a float32 run rounds the weights
+    rows.append(measure("built-in, addition", "builtin", [], 4 * args.groups, sampler_dtype="bfloat16"))
     tol, eps = DEFAULT_TOLERANCE, AlgoConfig().eps
     honest_max = max(max(r["honest"]) for r in rows)
     forged_min = min(min(r["forged"]) for r in rows)
     lines = [
-        f"{args.groups} groups of G = {G} per model and dtype, temperature 1, on the CPU ({torch.get_num_threads()} "
+        f"{args.groups} groups of G = {G} per model and dtype ({4 * args.groups} in the last row), temperature 1, on the CPU ({torch.get_num_threads()} "
         f"torch threads; load average at the start {load:.1f}, the machine is shared). The statistic of a group is the "
         "largest of its completions' mean |logq - logp| over their tokens (nats per token). Honest: the sampler's "
         "logq as generated (transformers' generate, its own copy of the model) against the learner's recompute "
-        "(sequence_logprobs on the spot checker's scratch copy, same weights). Forged: logq shifted so that the "
+        "(sequence_logprobs on the spot checker's scratch copy, same weights; in the last row the sampler holds them "
+        "in bfloat16, the learner in float32). Forged: logq shifted so that the "
         f"GEPO/GRPO weight sits at the clip boundary 1 + eps, eps = algo.eps = {eps}: by log(1 + eps) = "
         f"{math.log1p(eps):.4f} on every token, or the sequence's whole shift on its first token (both rows counted).",
         "",
@@ -150,7 +156,8 @@ def main() -> None:
         "forged groups passed. The tolerance leaves room for engines that differ more than these (vLLM kernels, "
         "GPUs, trained rather than random weights: the vLLM float32 mismatch measured in section generation is "
         "about 1e-8 per token on average) while a forger can move weights by at most exp(tolerance) = "
-        f"{math.exp(tol):.3f} unseen, a quarter of the clip range at eps = {eps}. With GSPO (clip 4e-4) no tolerance "
+        f"{math.exp(tol):.3f} unseen, {(math.exp(tol) - 1) / eps:.0%} of the clip range at eps = {eps}. The widest honest case is a "
+        "sampler running a float32 model in bfloat16 (its weights rounded), on short completions. With GSPO (clip 4e-4) no tolerance "
         "separates clip-boundary forgeries from bfloat16 engine noise; the learner warns when the tolerance is at "
         "least log(1 + clip).",
         "",

@@ -211,14 +211,15 @@ class TrustConfig(_Section):
         0.1, ge=0.0, le=1.0,
         description="Learners: share of admitted groups whose log-probs are recomputed with the weights of the group's version "
         "(picked by a keyed hash of the group id with a learner-secret salt: unpredictable to samplers, exact in expectation); "
-        "0 = off. A check is one forward pass over the group, about a third of training on it, so 0.1 adds about 3% learner "
-        "compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22: 10%).")
+        "0 = off. A check is one forward pass over the group, measured at up to a third of the learner's gradient on it, "
+        "so 0.1 adds up to about 3% learner compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22: 10%).")
     spot_check_tolerance: float = Field(
         0.0, ge=0.0, le=100.0,
         description="Learners: a checked group is rejected (reason logprob_mismatch) when one of its completions' mean "
-        "|logq - logp| over its tokens exceeds this (nats per token); 0 = the measured default 0.05 (docs/results.md, "
-        "section spot_check: honest engine mismatch is far below it, a forgery putting GEPO/GRPO weights at the clip "
-        "boundary, log(1 + algo.eps) = 0.18, far above). Forged weights can move by at most exp(tolerance) unseen.")
+        "|logq - logp| over its tokens exceeds this (nats per token); 0 = the measured default 0.08 (docs/results.md, "
+        "section spot_check: honest samplers measured up to 0.03 (a bfloat16 sampler of a float32 model), a forgery "
+        "putting GEPO/GRPO weights at the clip boundary about log(1 + algo.eps) = 0.18). Forged weights can move by at "
+        "most about exp(tolerance) unseen.")
     spot_check_versions: int = Field(
         0, ge=0, le=65_536,
         description="Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the "

@@ -5,9 +5,10 @@ admission rule, one gradient round, then the step (training log, own groups, led
 evaluation, publish, checkpoint) and its metrics. Three threads share the learner: this
 loop, the node's network loop (stream handlers; a record is verified, rewards recomputed
 and, for a share of groups, log-probs spot-checked (``spotcheck.py``), in the learner's
-single admission thread so a slow reward function stalls no other stream) and the heartbeat thread (``membership.py``). The group ledger (``ledger.py``)
-and its admission buffer are touched only under ``self.lock``; a step and a ``state``
-snapshot exclude each other under ``self.step_lock``.
+single admission thread so a slow reward function stalls no other stream) and the
+heartbeat thread (``membership.py``). The group ledger (``ledger.py``) and its admission
+buffer are touched only under ``self.lock``; a step and a ``state`` snapshot exclude each
+other under ``self.step_lock``.
 
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
