@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 from p2prl.learner.spotcheck import selected
 
@@ -21,7 +19,6 @@ def forge(maddr: str, n_forged: int, n_honest: int) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.slow  # about 100 s: a learner's whole (short) run with an honest sampler after the forger
 def test_spot_check_every_forged_group_rejected_at_fraction_one(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
