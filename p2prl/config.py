@@ -213,6 +213,25 @@ class TrustConfig(_Section):
     run_record: str = Field("", description="Learners: the signed run record file (`p2prl run init` / `p2prl run add-learner`), published in the DHT for the other peers.")
 
     # log-prob spot checks
+    spot_check_fraction: float = Field(
+        0.1, ge=0.0, le=1.0,
+        description="Learners: share of admitted groups whose log-probs are recomputed with the weights of the group's version "
+        "(picked by a keyed hash of the group id with a learner-secret salt: unpredictable to samplers, exact in expectation); "
+        "0 = off. A check is one forward pass over the group, measured at up to a third of the learner's gradient on it, "
+        "so 0.1 adds up to about 3% learner compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22: 10%).")
+    spot_check_tolerance: float = Field(
+        0.0, ge=0.0, le=100.0,
+        description="Learners: a checked group is rejected (reason logprob_mismatch) when one of its completions' mean "
+        "|logq - logp| over its tokens exceeds this (nats per token); 0 = the measured default 0.08 (docs/results.md, "
+        "section spot_check: honest samplers measured up to 0.03 (a bfloat16 sampler of a float32 model), a forgery "
+        "putting GEPO/GRPO weights at the clip boundary about log(1 + algo.eps) = 0.18). Forged weights can move by at "
+        "most about exp(tolerance) unseen.")
+    spot_check_versions: int = Field(
+        0, ge=0, le=65_536,
+        description="Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the "
+        "staleness window (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With "
+        "LoRA only adapters are kept (cheap); full models cost this many copies of the weights in host memory, plus one "
+        "scratch copy of the model on its device. A group whose version's weights are gone is skipped, not rejected.")
 
     # reputation and bans
 

@@ -3,11 +3,12 @@
 The loop reads top to bottom: catch up with a learner ahead, take a batch picked by the
 admission rule, one gradient round, then the step (training log, own groups, ledger,
 evaluation, publish, checkpoint) and its metrics. Three threads share the learner: this
-loop, the node's network loop (stream handlers; a record is verified, rewards recomputed,
-in the learner's single admission thread so a slow reward function stalls no other
-stream) and the heartbeat thread (``membership.py``). The group ledger (``ledger.py``)
-and its admission buffer are touched only under ``self.lock``; a step and a ``state``
-snapshot exclude each other under ``self.step_lock``.
+loop, the node's network loop (stream handlers; a record is verified, rewards recomputed
+and, for a share of groups, log-probs spot-checked (``spotcheck.py``), in the learner's
+single admission thread so a slow reward function stalls no other stream) and the
+heartbeat thread (``membership.py``). The group ledger (``ledger.py``) and its admission
+buffer are touched only under ``self.lock``; a step and a ``state`` snapshot exclude each
+other under ``self.step_lock``.
 
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
@@ -42,6 +43,7 @@ from p2prl.learner.checkpoint import save_checkpoint
 from p2prl.learner.core import progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+from p2prl.learner.spotcheck import SpotChecker, learner_salt
 from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
@@ -101,6 +103,8 @@ class Learner:
                             time.time())
         self.buffer, self.counts = self.ledger.buffer, self.ledger.counts
         self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version)
+        # log-prob spot checks on a scratch copy of the model, made before the training thread steps it
+        self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out))
         self.throughput = 0.0
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
@@ -283,6 +287,7 @@ class Learner:
             m.update({f"admission/{k}": c for k, c in self.counts.items()})
             m["admission/queue_depth"] = len(self.buffer)
         m.update(self.membership.metrics())
+        m.update(self.spot.metrics())
         m["round/learners"] = r.learners
         m["round/samples"] = r.weight
         m["round/saturated"] = self.rounds.saturated
@@ -307,7 +312,7 @@ class Learner:
                    "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
                    "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
                    "admission": dict(self.counts), "membership": dict(self.membership.counts),
-                   "trust": dict(self.node.trust.counts),
+                   "trust": dict(self.node.trust.counts), "spot_checks": self.spot.summary(),
                    "weights_bytes_served": self.store.bytes_served,
                    "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
@@ -329,6 +334,7 @@ class Learner:
         blob, sha = serialized or serialize_weights(self.core.policy.model)
         v = self.core.version
         self.store.add(v, sha, blob)
+        self.spot.keep(v, sha, blob)  # the same bytes: kept once in memory
         with self.lock:
             self.ledger.publish(v, sha)
         self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
@@ -402,6 +408,8 @@ class Learner:
             with self.lock:
                 self.ledger.check(g, self.core.version)
             self.verifier.check(g)  # recomputes the rewards
+            if self.spot.wants(g.group_id):
+                self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
             with self.lock:
                 self.ledger.admit(g, self.core.version)
                 self.lock.notify_all()

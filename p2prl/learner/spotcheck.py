@@ -1,0 +1,196 @@
+"""Log-prob spot checks: a learner recomputes a sampler's per-token log-probs for some groups.
+
+A sampler's ``logq`` enters every objective's importance weight (GRPO's token ratio, GSPO's
+sequence ratio, GEPO's group-expectation weight), so a forged ``logq`` steers training while
+the rewards stay correct. For a share ``trust.spot_check_fraction`` of admitted groups, picked
+by a keyed hash of the group id with a learner-secret salt (a sampler cannot tell which of its
+groups will be checked; the share is exact in expectation), the learner recomputes the log-probs
+of the group's completions under the weights of the group's version, at the sampling
+temperature (every backend records the tempered, untruncated ``log_softmax``, see
+``policy/backends``), on a scratch copy of the model: never the live one the training thread
+steps. The weights of recent versions are kept serialized (``keep``).
+
+The statistic is, per completion, the mean ``|logq - logp|`` over its tokens, and a group's is
+the largest over its completions. Every objective's sequence quantity is a length-normalised
+mean of ``logq`` (``algo/losses.py``), and a per-token ratio moves with each token's ``logq``;
+since ``|mean(d)| <= mean(|d|)``, any forgery that moves a completion's weight by a factor
+``1 + eps`` has a statistic of at least ``log(1 + eps)``, less the honest engine noise. Honest
+samplers differ from the learner only by the inference engine (kernels, dtype), far less
+(``benchmarks/spot_check.py`` measures both and the default tolerance in docs/results.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import math
+import secrets
+import threading
+from collections import Counter, OrderedDict
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from p2prl.config import Config
+from p2prl.policy import sequence_logprobs
+from p2prl.policy.model import left_pad
+from p2prl.policy.weights import load_weights
+from p2prl.rollout.record import RecordError, RolloutGroup
+
+log = logging.getLogger("p2prl.learner.spotcheck")
+
+DEFAULT_TOLERANCE = 0.08
+"""Mean |logq - logp| per token above which a checked completion is forged (``trust.spot_check_tolerance`` = 0);
+chosen from the distributions ``benchmarks/spot_check.py`` measures (docs/results.md, section spot_check)."""
+
+MAX_SAMPLERS = 4096
+"""Samplers whose failed checks are counted individually (the oldest entry goes first)."""
+
+PASSED, SKIPPED = "passed", "skipped"
+
+
+def selected(salt: bytes, group_id: str, fraction: float) -> bool:
+    """Whether ``group_id`` is checked: a keyed BLAKE2b of the id, as a uniform number in [0, 1), below ``fraction``."""
+    if fraction <= 0.0:
+        return False
+    h = hashlib.blake2b(group_id.encode("utf-8", "surrogatepass"), key=salt[:64], digest_size=8).digest()
+    return int.from_bytes(h, "little") / 2.0**64 < fraction
+
+
+def sequence_deviation(logq: np.ndarray, logp: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Per completion, mean |logq - logp| over its first ``lengths[i]`` tokens. (G, T), (G, T), (G,) -> (G,)."""
+    on = np.arange(logq.shape[1])[None, :] < lengths[:, None]
+    d = np.where(on, np.abs(logq.astype(np.float64) - logp.astype(np.float64)), 0.0)
+    return d.sum(1) / np.maximum(lengths, 1)
+
+
+def versions_needed(cfg: Config) -> int:
+    """Versions whose weights a learner keeps for checks: ``trust.spot_check_versions``, or the staleness window."""
+    if cfg.trust.spot_check_versions:
+        return cfg.trust.spot_check_versions
+    s = cfg.staleness.max_staleness
+    return (2 * s if cfg.staleness.rule == "authors" else s) + 1
+
+
+def learner_salt(folder: Path) -> bytes:
+    """The learner's secret salt, kept in ``folder/spot_check.salt`` (created on first use, owner-only)."""
+    path = folder / "spot_check.salt"
+    if path.is_file():
+        try:
+            salt = bytes.fromhex(path.read_text().strip())
+            if len(salt) >= 16:
+                return salt
+        except ValueError:
+            pass
+        log.warning("%s is not a hex salt of at least 16 bytes; writing a new one", path)
+    salt = secrets.token_bytes(32)
+    path.write_text(salt.hex() + "\n")
+    path.chmod(0o600)
+    return salt
+
+
+def scratch_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` for checks, in eval mode without gradients; frozen tensors (a LoRA policy's
+    base) are shared with ``model``, not copied (training never changes them)."""
+    memo = {id(p): p for p in model.parameters() if not p.requires_grad}
+    scratch = copy.deepcopy(model, memo)
+    for p in scratch.parameters():
+        if p.requires_grad:
+            p.requires_grad_(False)
+            p.grad = None
+    return scratch.eval()
+
+
+class SpotChecker:
+    """Picks groups to check and checks them (on the learner's admission thread only).
+
+    ``keep`` may be called from any thread. ``on_mismatch(sampler, deviation)`` is called for every
+    failed check (a reputation module's hook; the rejection itself reaches the learner's
+    ``admit`` as ``RecordError("logprob_mismatch")``).
+    """
+
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes,
+                 on_mismatch: Callable[[str, float], None] = lambda sampler, deviation: None):
+        t = cfg.trust
+        self.fraction = t.spot_check_fraction
+        self.tolerance = t.spot_check_tolerance or DEFAULT_TOLERANCE
+        self.temperature = cfg.sampling.temperature
+        self.pad_id, self.salt, self.on_mismatch = pad_id, salt, on_mismatch
+        self.keep_n = versions_needed(cfg)
+        self.model = scratch_copy(model) if self.fraction > 0 else None
+        self.loaded: tuple[int, str] | None = None  # (version, sha256) in the scratch model
+        self._versions: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
+        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, max_passed
+        self.counts: Counter[str] = Counter()
+        self.failed_by_sampler: Counter[str] = Counter()
+        self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
+        eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
+        if self.fraction > 0 and self.tolerance >= math.log1p(eps):
+            log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery that puts "
+                        "weights at the clip boundary passes a check", self.tolerance, eps, math.log1p(eps), cfg.algo.name)
+
+    def keep(self, version: int, sha256: str, blob: bytes) -> None:
+        """Keep the serialized weights of ``version`` (the newest ``keep_n`` versions stay)."""
+        if self.model is None:
+            return
+        with self._lock:
+            self._versions[version] = (sha256, blob)
+            self._versions.move_to_end(version)
+            while len(self._versions) > self.keep_n:
+                self._versions.popitem(last=False)
+
+    def wants(self, group_id: str) -> bool:
+        return self.model is not None and selected(self.salt, group_id, self.fraction)
+
+    def check(self, g: RolloutGroup) -> str:
+        """``PASSED`` or ``SKIPPED`` (its version's weights are gone); raises ``RecordError("logprob_mismatch")``."""
+        with self._lock:
+            kept = self._versions.get(g.policy_version)
+        if kept is None or kept[0] != g.weights_sha256:
+            with self._lock:
+                self.counts[SKIPPED] += 1
+            return SKIPPED
+        deviation = float(self.deviations(g, kept).max())
+        with self._lock:
+            if deviation <= self.tolerance:
+                self.counts[PASSED] += 1
+                self.max_passed = max(self.max_passed, deviation)
+                return PASSED
+            self.counts["failed"] += 1
+            self.failed_by_sampler[g.sampler] += 1
+            if len(self.failed_by_sampler) > MAX_SAMPLERS:
+                del self.failed_by_sampler[next(iter(self.failed_by_sampler))]
+        self.on_mismatch(g.sampler, deviation)
+        raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance {self.tolerance:.3g} "
+                                              f"at v{g.policy_version}")
+
+    @torch.no_grad()
+    def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:
+        """Per completion of ``g``, the statistic against the recompute with ``kept`` = (sha256, weights)."""
+        if self.loaded != (g.policy_version, kept[0]):
+            self.loaded = None
+            load_weights(self.model, kept[1])
+            self.loaded = (g.policy_version, kept[0])
+        G = g.tokens.shape[0]
+        device = next(self.model.parameters()).device
+        ids, mask = left_pad([g.prompt_ids.tolist()] * G, self.pad_id)
+        comp = torch.from_numpy(g.tokens.astype(np.int64))
+        on = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(g.lengths.astype(np.int64))[:, None]
+        comp = torch.where(on, comp, self.pad_id)  # past a completion's end the sampler's padding is not looked at
+        logp = sequence_logprobs(self.model, ids.to(device), mask.to(device), comp.to(device), self.temperature)
+        return sequence_deviation(g.logq, logp.float().cpu().numpy(), g.lengths)
+
+    def metrics(self) -> dict[str, float]:
+        with self._lock:
+            m = {f"spot/{k}": v for k, v in self.counts.items()}
+            m["spot/max_passed"] = self.max_passed
+            m["spot/versions_kept"] = len(self._versions)
+        return m
+
+    def summary(self) -> dict:
+        with self._lock:
+            return {"fraction": self.fraction, "tolerance": self.tolerance, **self.counts,
+                    "max_passed": self.max_passed, "failed_by_sampler": {s[-6:]: n for s, n in self.failed_by_sampler.items()}}

@@ -1,0 +1,54 @@
+"""Log-prob spot checks on a real swarm: a forging sampler's groups (logq at the clip boundary, correct rewards)
+are rejected as logprob_mismatch at the configured check fraction; honest groups are accepted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
+from p2prl.learner.spotcheck import selected
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def forge(maddr: str, n_forged: int, n_honest: int) -> dict:
+    r = subprocess.run([sys.executable, "tests/helpers/forging_sampler.py", maddr, str(n_forged), str(n_honest), *FAST],
+                       capture_output=True, text=True, timeout=180, cwd=ROOT, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_spot_check_every_forged_group_rejected_at_fraction_one(peers, tmp_path):
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    learner = peers.join("learner", "learner", maddr, "train.steps=2", "trust.spot_check_fraction=1", out=out)
+    wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
+    replies = forge(maddr, 8, 4)
+    assert list(replies["forged"].values()) == [["rejected", "logprob_mismatch"]] * 8
+    assert list(replies["honest"].values()) == [["accepted", ""]] * 4
+    peers.join("s0", "sampler", maddr)  # an honest sampler: every one of its groups is checked and passes
+    assert learner.wait(timeout=240) == 0, peers.log("learner")
+    summary = last_json(peers.log("learner"))
+    assert summary["admission"]["rejected/logprob_mismatch"] == 8, summary["admission"]
+    spot = summary["spot_checks"]
+    assert spot["failed"] == 8 and list(spot["failed_by_sampler"].values()) == [8], spot
+    assert spot["passed"] >= 4 + 4 and spot["max_passed"] < 1e-3, spot  # the forger's honest ones, then s0's
+    assert "Traceback" not in peers.log("learner")
+
+
+def test_spot_check_forged_groups_caught_at_the_check_fraction(peers, tmp_path):
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    out.mkdir()
+    salt = bytes(range(32))
+    (out / "spot_check.salt").write_text(salt.hex())  # the learner's secret, known here to predict its picks
+    peers.join("learner", "learner", maddr, "trust.spot_check_fraction=0.5", "train.groups_per_step=64", out=out)
+    wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
+    n = 40
+    forged = forge(maddr, n, 0)["forged"]
+    assert len(forged) == n
+    for gid, reply in forged.items():  # exactly the picked ones are caught, the others pass unseen
+        assert reply == (["rejected", "logprob_mismatch"] if selected(salt, gid, 0.5) else ["accepted", ""]), (gid, reply)
+    caught = sum(r[0] == "rejected" for r in forged.values())
+    assert 8 <= caught <= 32, caught  # Binomial(40, 0.5): outside with probability < 1e-4
