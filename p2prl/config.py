@@ -232,6 +232,11 @@ class TrustConfig(_Section):
         "staleness window (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With "
         "LoRA only adapters are kept (cheap); full models cost this many copies of the weights in host memory, plus one "
         "scratch copy of the model on its device. A group whose version's weights are gone is skipped, not rejected.")
+    spot_check_memory_mb: float = Field(
+        4096.0, gt=0.0, le=1e7,
+        description="Learners: most host memory the kept versions may take; the oldest go first (the newest always stays). "
+        "Full models in bfloat16 take about 2 GB per billion parameters per version, so with the default a 0.5B model "
+        "keeps about 4 versions and checks only groups that recent; LoRA adapters fit the whole window.")
 
     # reputation and bans
 

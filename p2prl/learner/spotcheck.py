@@ -120,6 +120,7 @@ class SpotChecker:
         self.temperature = cfg.sampling.temperature
         self.pad_id, self.salt, self.on_mismatch = pad_id, salt, on_mismatch
         self.keep_n = versions_needed(cfg)
+        self.keep_bytes = int(t.spot_check_memory_mb * 2**20)
         self.model = scratch_copy(model) if self.fraction > 0 else None
         self.loaded: tuple[int, str] | None = None  # (version, sha256) in the scratch model
         self._versions: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
@@ -133,14 +134,16 @@ class SpotChecker:
                         "weights at the clip boundary passes a check", self.tolerance, eps, math.log1p(eps), cfg.algo.name)
 
     def keep(self, version: int, sha256: str, blob: bytes) -> None:
-        """Keep the serialized weights of ``version`` (the newest ``keep_n`` versions stay)."""
+        """Keep the serialized weights of ``version``: the newest ``keep_n`` versions that fit ``keep_bytes`` stay
+        (the newest always)."""
         if self.model is None:
             return
         with self._lock:
             self._versions[version] = (sha256, blob)
             self._versions.move_to_end(version)
-            while len(self._versions) > self.keep_n:
-                self._versions.popitem(last=False)
+            size = sum(len(b) for _, b in self._versions.values())
+            while len(self._versions) > 1 and (len(self._versions) > self.keep_n or size > self.keep_bytes):
+                size -= len(self._versions.popitem(last=False)[1][1])
 
     def wants(self, group_id: str) -> bool:
         return self.model is not None and selected(self.salt, group_id, self.fraction)

@@ -116,6 +116,18 @@ def test_missing_version_weights_are_skipped_and_counted():
     assert checker.metrics()["spot/skipped"] == 2
 
 
+def test_kept_versions_fit_the_memory_budget():
+    _, learner, checker, _ = setup()
+    blob, sha = serialize_weights(learner.model)
+    checker.keep_bytes = int(2.5 * len(blob))  # two versions fit
+    for v in range(1, 5):
+        checker.keep(v, sha, blob)
+    assert checker.metrics()["spot/versions_kept"] == 2
+    checker.keep_bytes = 1  # not even one: the newest stays anyway
+    checker.keep(5, sha, blob)
+    assert checker.metrics()["spot/versions_kept"] == 1
+
+
 def test_odd_shapes_do_not_raise():
     cfg, _, checker, sampler = setup()
     g = sampler.rollout([7])[0]
