@@ -82,8 +82,10 @@ def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me:
 class StateSync:
     """One learner's side of ``state``: serve a consistent snapshot, fetch and check a peer's."""
 
-    def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]]):
-        self.node, self.snapshot = node, snapshot
+    def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]],
+                 min_bps: float = 0.0):
+        """``min_bps``: an upload slower than this (after ``net.rpc_timeout_s``) is cut."""
+        self.node, self.snapshot, self.min_bps = node, snapshot, min_bps
         self.limit = int(3 * max_weights_mb * 2**20)
         self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
 
@@ -94,7 +96,8 @@ class StateSync:
         """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
         await read_frame(reader, MAX_CONTROL_BYTES)
         header, weights, opt = await asyncio.get_running_loop().run_in_executor(None, self.snapshot)
-        await write_frame(writer, *encode_state(header, weights, opt))
+        await write_frame(writer, *encode_state(header, weights, opt), min_bps=self.min_bps,
+                          grace_s=self.node.cfg.rpc_timeout_s)
 
     def fetch(self, peer: str, rec: PolicyRecord) -> PeerState:
         """The state of ``peer``, whose record ``rec`` we act on; ValueError if it is bad or older than ``rec``."""
