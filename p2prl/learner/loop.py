@@ -111,7 +111,8 @@ class Learner:
         self.reputation = node.reputation = Reputation(cfg.trust, self.out / "bans.json")
         self.peer_limits = node.limits = PeerLimits(cfg.trust)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
-        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, self.min_upload_bps)
+        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.core.version,
+                              self.min_upload_bps)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
         self.rounds: GradientRounds | None = None
 

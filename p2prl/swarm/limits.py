@@ -1,8 +1,10 @@
 """Per-peer limits on incoming streams: a token-bucket rate per protocol and a concurrency cap.
 
 ``SwarmNode.serve`` asks ``enter(peer, protocol)`` before it runs a handler: None admits the
-stream (``leave`` must follow), otherwise the stream is refused at once and counted as
-``limited/<protocol>``. ``state`` and ``weights`` (``BULK``: they upload a policy) have their own,
+stream (``leave`` must follow), otherwise the stream is refused and counted as
+``limited/<protocol>``; the refusal is answered after a short pause (``hold``: at most
+``trust.peer_streams`` such streams held per peer, the rest answered at once), so a requester
+that retries at once does not spin. ``state`` and ``weights`` (``BULK``: they upload a policy) have their own,
 tighter rate and concurrency. Being limited is not a ban: a peer over its rate is refused until
 its bucket refills. Peers are libp2p's authenticated stream ids.
 """
@@ -51,6 +53,7 @@ class PeerLimits:
         self.lock = threading.Lock()
         self.peers: OrderedDict[str, _Peer] = OrderedDict()
         self.counts: Counter[str] = Counter()  # limited/<protocol>
+        self.held: Counter[str] = Counter()  # refused streams of a peer held before their answer
 
     def _bucket(self, p: _Peer, protocol: str, now: float) -> TokenBucket:
         b = p.buckets.get(protocol)
@@ -79,6 +82,21 @@ class PeerLimits:
                 return None
             self.counts[f"limited/{protocol}"] += 1
             return why
+
+    def hold(self, peer: str) -> bool:
+        """May a refused stream of ``peer`` be held for a while before its answer (at most
+        ``trust.peer_streams`` of them per peer)? Call ``unhold`` after, when True."""
+        with self.lock:
+            if self.held[peer] >= self.cfg.peer_streams:
+                return False
+            self.held[peer] += 1
+            return True
+
+    def unhold(self, peer: str) -> None:
+        with self.lock:
+            self.held[peer] -= 1
+            if self.held[peer] <= 0:
+                del self.held[peer]
 
     def leave(self, peer: str, protocol: str) -> None:
         with self.lock:

@@ -29,6 +29,7 @@ Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[
 
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
 MAX_REFUSED_DRAIN = 1 << 20  # the same after refusing a stream
+LIMITED_HOLD_S = 1.0  # a stream over its peer's limits is refused after this pause
 
 
 async def _drain(reader: asyncio.StreamReader, limit: int) -> None:
@@ -250,6 +251,13 @@ class SwarmNode:
                 self.reputation.refuse(name)
                 return await self._refuse(reader, writer, "banned")
             if self.limits is not None and self.limits.enter(peer, name) is not None:
+                # answered after a pause (while this peer has few such streams held): a requester that
+                # retries at once is slowed to its share of the limit instead of spinning on refusals
+                if self.limits.hold(peer):
+                    try:
+                        await asyncio.sleep(LIMITED_HOLD_S)
+                    finally:
+                        self.limits.unhold(peer)
                 return await self._refuse(reader, writer, "limited")
             try:
                 await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)

@@ -108,3 +108,44 @@ def test_a_reader_above_the_minimum_rate_gets_everything():
     w = SlowWriter(bps=16 << 20)
     asyncio.run(write_frame(w, blob, min_bps=4 << 20, grace_s=0.2))
     assert w.total == len(blob) + 8
+
+
+def test_refused_streams_held_per_peer_are_bounded():
+    lim = PeerLimits(TrustConfig(peer_streams=2), clock=Clock())
+    assert lim.hold("A") and lim.hold("A") and not lim.hold("A") and lim.hold("B")
+    lim.unhold("A")
+    assert lim.hold("A")
+    for peer in ("A", "A", "B"):
+        lim.unhold(peer)
+    assert not lim.held
+
+
+def test_state_requests_in_flight_share_one_snapshot():
+    from types import SimpleNamespace
+
+    from helpers.streams import Writer, frame
+    from p2prl.swarm.state_sync import StateSync, decode_state
+
+    taken, version = [], [3]
+
+    def snapshot():
+        taken.append(version[0])
+        time.sleep(0.05)
+        weights = b"w" * 100
+        import hashlib
+
+        return state_header(version[0], hashlib.sha256(weights).hexdigest(), 0, {}, [], len(weights)), weights, b"o"
+
+    node = SimpleNamespace(cfg=SimpleNamespace(rpc_timeout_s=5), transfer_timeout=lambda n: 10)
+    sync = StateSync(node, 1.0, snapshot, lambda: version[0])
+
+    async def ask_many(n):
+        writers = [Writer() for _ in range(n)]
+        await asyncio.gather(*(sync.on_state("peer", frame(pack({})), w) for w in writers))
+        return writers
+
+    got = asyncio.run(ask_many(5))
+    assert taken == [3] and sync._shared is None  # one snapshot for five requests, freed after
+    assert {decode_state(w.data[8:]).version for w in got} == {3}
+    version[0] = 4
+    assert decode_state(asyncio.run(ask_many(1))[0].data[8:]).version == 4 and taken == [3, 4]
