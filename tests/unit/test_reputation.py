@@ -103,3 +103,25 @@ def test_a_loaded_ban_is_capped_at_the_longest_ban(tmp_path):
     rep = Reputation(CFG, path, clock=clock)
     clock.t += CFG.max_ban_s + 1
     assert not rep.banned("A")
+
+
+def test_status_shows_each_learners_bans(monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from p2prl.config import load_config
+    from p2prl.swarm import status
+    from p2prl.swarm.dht import new_record
+
+    learner = new_record("learner", "test", "12D3KooWlearner", policy_version=3, throughput=1.0, queue_depth=0,
+                         banned=2, banned_ids=["12D3KooWbadone", "12D3KooWbadtwo"])
+    sampler = new_record("sampler", "test", "12D3KooWsampler", policy_version=3, throughput=1.0, queue_depth=0)
+    node = SimpleNamespace(peers=lambda: [learner, sampler], latest_policy=lambda: None, shutdown=lambda: None)
+    monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    cfg = load_config(None, ["net.run_id=test"])
+    assert status.show_status(cfg, as_json=True) == 0
+    rows = {r["role"]: r for r in json.loads(capsys.readouterr().out)["peers"]}
+    assert rows["learner"]["banned"] == 2 and rows["learner"]["banned_ids"] == ["12D3KooWbadone", "12D3KooWbadtwo"]
+    assert rows["sampler"]["banned"] == 0
+    status.show_status(cfg)
+    out = capsys.readouterr().out
+    assert "banned" in out and "bans 2: 12D3KooWbadone, 12D3KooWbadtwo" in out
