@@ -78,3 +78,20 @@ def test_a_flood_of_state_and_weights_requests_leaves_the_learner_training(peers
     assert m[-1]["trust/limited/state"] + m[-1].get("trust/limited/weights", 0) > 0
     assert m[-1]["trust/bans"] == 0  # being limited is no ban
     assert "Traceback" not in peers.log("learner")
+
+
+def test_a_slow_reader_is_cut_from_a_weights_upload(peers, tmp_path):
+    """A reader far below flow.min_upload_mbps holds the holder's upload slot at most grace + size / rate."""
+    helper, info = str(ROOT / "tests" / "helpers" / "slow_reader.py"), tmp_path / "server.json"
+    size_mb, min_mbps = 64, 128.0  # 64 MiB at 16 MB/s: the upload may last 2 s of grace + about 4.2 s
+    peers.start("server", [sys.executable, helper, "serve", str(info), str(size_mb), str(min_mbps)], module="")
+    wait_for(info.exists, 120, "the weights holder")
+    done = subprocess.run([sys.executable, helper, "read", str(info), "256"], capture_output=True, text=True,
+                          timeout=180, cwd=ROOT, start_new_session=True)  # 256 KiB/s: 64 MiB would take 256 s
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    bound = 2.0 + size_mb * 2**20 / (min_mbps * 1e6 / 8)
+    assert got["ended"].startswith("cut") and got["got"] < got["want"], got
+    assert got["seconds"] < bound + 5, got  # + what the daemons and sockets had buffered, read at 256 KiB/s
+    wait_for(lambda: "weights stream from" in peers.log("server") and "SlowReader" in peers.log("server"), 30,
+             "the holder to log the slow reader")
