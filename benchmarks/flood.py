@@ -1,6 +1,6 @@
 """Benchmark: a learner's training speed while a hostile peer floods it with `state` and `weights` requests.
 
-    python benchmarks/flood.py [--window 30] [--workers 16] [--repeats 2] [section.key=value ...]
+    python benchmarks/flood.py [--window 20] [--workers 16] [--repeats 2] [section.key=value ...]
 
 One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap, a learner
 and a sampler (``SETTINGS``: the small test settings, builtin policy). Once the learner has
@@ -9,9 +9,10 @@ published 3 trained versions, quiet and flooded windows of ``--window`` seconds 
 ``tests/helpers/trust_peer.py flood`` (one peer id, ``--workers`` threads, each sending `state` or
 `weights` requests back to back) runs for the window. The learner's versions/s per window come from
 its ``metrics.jsonl``; the figure is the median flooded over the median quiet window (target >= 0.7).
-The swarm runs twice: with the default per-peer limits (``trust.*``), and with them lifted, for
-reference. The flooder shares this machine's cores with the learner, so part of any slow-down is
-plain CPU contention.
+The swarm runs three times: with the default per-peer limits (``trust.*``), and for reference
+with strict limits (``STRICT``: nearly every flood request refused) and with them lifted
+(``UNLIMITED``). The flooder shares this machine's cores with the learner, so part of any
+slow-down is plain CPU contention.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOODER = ROOT / "tests" / "helpers" / "trust_peer.py"
 SETTINGS = ["net.run_id=flood", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_timeout_s=10", "sampling.group_size=4",
             "train.groups_per_step=4", "task.heldout_size=32", "train.eval_every=1000", "train.steps=100000"]
+STRICT = ["trust.peer_bulk_requests_per_s=0.1", "trust.peer_bulk_streams=1"]
 UNLIMITED = ["trust.peer_requests_per_s=1000000", "trust.peer_burst=1000000", "trust.peer_streams=100000",
              "trust.peer_bulk_requests_per_s=1000000", "trust.peer_bulk_streams=1024"]
 
@@ -95,13 +97,13 @@ def run(tmp: Path, extra: list[str], a) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--window", type=float, default=30.0)
+    ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     results = {}
-    for name, extra in (("default limits", []), ("limits lifted", UNLIMITED)):
+    for name, extra in (("default limits", []), ("strict limits", STRICT), ("limits lifted", UNLIMITED)):
         with tempfile.TemporaryDirectory(prefix="p2prl-flood-") as tmp:
             results[name] = run(Path(tmp), extra, a)
         print(name, json.dumps(results[name]), flush=True)
@@ -122,9 +124,10 @@ def main() -> None:
         f"\n\nOne learner and one sampler ({' '.join(SETTINGS)}, builtin policy), each its own process on 127.0.0.1; "
         f"windows of {a.window:.0f} s, quiet and flooded alternating ({a.repeats} of each). The flooder is one peer "
         f"(`tests/helpers/trust_peer.py flood`) with {a.workers} threads sending `state` and `weights` requests back to "
-        "back to the learner; `ok` = answered (a state snapshot or a weights reply), `refused:limited` = refused at "
-        "once by the per-peer limits (`trust.peer_bulk_requests_per_s`, `trust.peer_bulk_streams`). "
-        "Limits lifted: the same with `" + " ".join(UNLIMITED) + "`. The flooder runs on the same cores as the "
+        "back to the learner; `ok` = answered (a state snapshot or a weights reply), `refused:limited` = refused "
+        "(after a 1 s pause) by the per-peer limits (`trust.peer_bulk_requests_per_s`, `trust.peer_bulk_streams`). "
+        "For reference, strict limits (nearly every flood request refused): `" + " ".join(STRICT) + "`; limits "
+        "lifted (every request served): `" + " ".join(UNLIMITED) + "`. The flooder runs on the same cores as the "
         "learner, so part of any slow-down is CPU contention on this machine, not the learner's serving."
         f"\n\nOverall: {verdict} (default limits: flooded / quiet >= 0.7)."
     )

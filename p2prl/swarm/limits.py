@@ -4,8 +4,8 @@
 stream (``leave`` must follow), otherwise the stream is refused and counted as
 ``limited/<protocol>``; the refusal is answered after a short pause (``hold``: at most
 ``trust.peer_streams`` such streams held per peer, the rest answered at once), so a requester
-that retries at once does not spin. ``state`` and ``weights`` (``BULK``: they upload a policy) have their own,
-tighter rate and concurrency. Being limited is not a ban: a peer over its rate is refused until
+that retries at once does not spin. ``state`` and ``weights`` (``BULK``: they upload a policy)
+have their own, tighter rate and concurrency. Being limited is not a ban: a peer over its rate is refused until
 its bucket refills. Peers are libp2p's authenticated stream ids.
 """
 
@@ -52,7 +52,7 @@ class PeerLimits:
         self.cfg, self.clock = cfg, clock
         self.lock = threading.Lock()
         self.peers: OrderedDict[str, _Peer] = OrderedDict()
-        self.counts: Counter[str] = Counter()  # limited/<protocol>
+        self.counts: Counter[str] = Counter()  # limited/<protocol>, slow_reader/<protocol>
         self.held: Counter[str] = Counter()  # refused streams of a peer held before their answer
 
     def _bucket(self, p: _Peer, protocol: str, now: float) -> TokenBucket:
@@ -110,6 +110,11 @@ class PeerLimits:
             if not p.open:
                 del self.peers[peer]
                 return
+
+    def count(self, what: str) -> None:
+        """Count something done to a peer's stream (e.g. ``slow_reader/weights``: its reader was cut)."""
+        with self.lock:
+            self.counts[what] += 1
 
     def snapshot(self) -> dict[str, int]:
         with self.lock:

@@ -16,6 +16,8 @@ import threading
 import time
 from typing import Awaitable, Callable
 
+import msgpack
+
 from p2prl.config import NetConfig
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, key, shutdown_dht, start_dht
 from p2prl.swarm.limits import PeerLimits
@@ -51,7 +53,7 @@ class SlowReader(ConnectionError):
 
 
 class Refused(ConnectionError):
-    """The server refused the stream at once (``reason``: ``banned`` or ``limited``)."""
+    """The server refused the stream (``reason``: ``banned`` or ``limited``)."""
 
     def __init__(self, reason: str):
         super().__init__(f"refused: {reason}")
@@ -62,16 +64,12 @@ def refusal(reason: str) -> bytes:
     """The one-frame reply of a refused stream: a msgpack map ``{"refused": reason}``. No reply of any
     protocol starts like it (rollout and acks replies are maps of other keys, weights replies a status
     byte, state replies a 4-byte header length far below 0x81000000)."""
-    import msgpack
-
     return msgpack.packb({"refused": reason})
 
 
 def refused_reason(reply: bytes) -> str | None:
     if not reply.startswith(b"\x81\xa7refused") or len(reply) > 64:
         return None
-    import msgpack
-
     try:
         got = msgpack.unpackb(reply)
     except Exception:
@@ -240,9 +238,9 @@ class SwarmNode:
 
         One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
         handler is logged with the remote peer; it never stops the node. A banned peer's
-        stream (``self.reputation``) and one over its peer's limits (``self.limits``) are
-        refused at once with a ``refusal`` frame and counted; an oversized request counts
-        against its peer's reputation.
+        stream (``self.reputation``) is refused at once with a ``refusal`` frame, one over its
+        peer's limits (``self.limits``) after a pause; both are counted. An oversized request
+        counts against its peer's reputation.
         """
 
         async def on_stream(info, reader, writer):
@@ -270,7 +268,7 @@ class SwarmNode:
                 if isinstance(e, FrameError) and self.reputation is not None:
                     self.reputation.reject(peer, "oversized_request")
                 if isinstance(e, SlowReader) and self.limits is not None:
-                    self.limits.counts[f"slow_reader/{name}"] += 1
+                    self.limits.count(f"slow_reader/{name}")
                 log.info("%s stream from %s ended: %s", name, peer[-6:], type(e).__name__)
             except Exception:
                 log.exception("%s handler failed for peer %s", name, peer[-6:])
