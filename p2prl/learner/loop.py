@@ -93,6 +93,7 @@ class Learner:
         self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
         self.lock = threading.Condition()  # guards the ledger and its admission buffer
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
+        self.epoch = 0  # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
         keep = max(cfg.rounds.history_versions, cfg.staleness.max_staleness)
         self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", self.limits),
@@ -111,7 +112,7 @@ class Learner:
         self.reputation = node.reputation = Reputation(cfg.trust, self.out / "bans.json")
         self.peer_limits = node.limits = PeerLimits(cfg.trust)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
-        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.core.version,
+        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
                               self.min_upload_bps)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
         self.rounds: GradientRounds | None = None
@@ -236,6 +237,7 @@ class Learner:
         parent = self.latest.sha256
         with self.step_lock:
             r.metrics.update(self.core.apply(r.grad))
+            self.epoch += 1
         v, self.version_since, self.missed = self.core.version, time.time(), 0
         weights_blob, sha = serialize_weights(self.core.policy.model)
         # on disk before anyone hears of v: every published version has its training-log line and own groups
@@ -348,6 +350,7 @@ class Learner:
             got = self.sync.fetch(peer, rec)
             with self.step_lock:
                 self.core.load_state(got.weights, got.optimizer, got.version)
+                self.epoch += 1
         except Exception as e:
             with self.lock:
                 self.counts["sync/failed"] += 1

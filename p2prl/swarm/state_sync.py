@@ -81,7 +81,7 @@ def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me:
 
 @dataclass
 class _Shared:
-    version: int
+    epoch: int
     snapshot: asyncio.Future  # (header, weights, optimizer)
     users: int = 0
 
@@ -90,11 +90,11 @@ class StateSync:
     """One learner's side of ``state``: serve a consistent snapshot, fetch and check a peer's."""
 
     def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]],
-                 version: Callable[[], int], min_bps: float = 0.0):
-        """``version``: the version ``snapshot`` would take now; ``min_bps``: an upload slower than this
-        (after ``net.rpc_timeout_s``) is cut."""
-        self.node, self.snapshot, self.version, self.min_bps = node, snapshot, version, min_bps
-        self._shared: _Shared | None = None  # the snapshot the requests in flight are sent
+                 epoch: Callable[[], int], min_bps: float = 0.0):
+        """``epoch``: changes whenever the state ``snapshot`` would take changes (a step, a load);
+        ``min_bps``: an upload slower than this (after ``net.rpc_timeout_s``) is cut."""
+        self.node, self.snapshot, self.epoch, self.min_bps = node, snapshot, epoch, min_bps
+        self._shared: _Shared | None = None  # the snapshot the requests in flight are sent (shared)
         self.limit = int(3 * max_weights_mb * 2**20)
         self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
 
@@ -115,10 +115,10 @@ class StateSync:
                 self._shared = None  # nobody is sent it any more: free it
 
     def _share(self) -> _Shared:
-        """The snapshot of the current version that requests in flight share (taken if there is none): many
-        requests at one version cost one snapshot (on the network loop, so no lock is needed)."""
-        v = self.version()
-        if self._shared is None or self._shared.version != v:
+        """The snapshot of the current state that requests in flight share (taken if there is none): many
+        requests at one state cost one snapshot (on the network loop, so no lock is needed)."""
+        v = self.epoch()
+        if self._shared is None or self._shared.epoch != v:
             self._shared = _Shared(v, asyncio.get_running_loop().run_in_executor(None, self.snapshot))
         self._shared.users += 1
         return self._shared

@@ -6,8 +6,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,7 +58,6 @@ def test_a_hostile_sampler_is_banned_and_the_ban_survives_a_restart(peers, tmp_p
     assert "Traceback" not in peers.log("learner")
 
 
-@pytest.mark.slow  # about 100 s; benchmarks/flood.py measures the same
 def test_a_flood_of_state_and_weights_requests_leaves_the_learner_training(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"

@@ -121,6 +121,7 @@ def test_refused_streams_held_per_peer_are_bounded():
 
 
 def test_state_requests_in_flight_share_one_snapshot():
+    """(The epoch stands for the learner's state: it changes with every step and load.)"""
     from types import SimpleNamespace
 
     from helpers.streams import Writer, frame
