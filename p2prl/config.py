@@ -186,6 +186,7 @@ class FlowConfig(_Section):
     keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
     max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
+    min_upload_mbps: float = Field(8.0, gt=0.0, le=1e6, description="Slowest upload (megabits per second, after a grace of net.rpc_timeout_s) a peer keeps serving `weights` or `state` to; a slower reader is cut, so nobody holds an upload slot for longer than the grace plus size / this rate.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
 
 
@@ -239,8 +240,17 @@ class TrustConfig(_Section):
         "keeps about 4 versions and checks only groups that recent; LoRA adapters fit the whole window.")
 
     # reputation and bans
+    ban_threshold: int = Field(20, ge=1, le=1_000_000, description="A peer with this many rejections that cannot be honest mistakes (malformed, oversized, bad tokens, wrong rewards, bad log-probs, wrong sender, bad requests; never stale, future-version, duplicate, unknown-version or hash-mismatch records) within trust.ban_window_s is banned (learners).")
+    ban_window_s: float = Field(60.0, gt=0.0, le=30 * 86400.0, description="The window in which trust.ban_threshold rejections ban a peer.")
+    ban_s: float = Field(600.0, gt=0.0, le=365 * 86400.0, description="Length of a peer's first ban; every later ban of the same peer doubles it, up to trust.max_ban_s. Bans survive a learner restart (bans.json in train.out_dir).")
+    max_ban_s: float = Field(86400.0, gt=0.0, le=365 * 86400.0, description="Longest ban.")
 
     # per-peer limits
+    peer_requests_per_s: float = Field(100.0, gt=0.0, le=1e6, description="Streams one peer may open per second on one protocol (token bucket); over it a stream is refused at once with a `limited` status (not a ban).")
+    peer_burst: int = Field(200, ge=1, le=1_000_000, description="Token-bucket size of trust.peer_requests_per_s: streams one peer may open in a burst on one protocol.")
+    peer_streams: int = Field(16, ge=1, le=100_000, description="Streams one peer may have open at once, all protocols together.")
+    peer_bulk_requests_per_s: float = Field(5.0, gt=0.0, le=1e6, description="`state` and `weights` requests one peer may make per second (token bucket of 4x this, at least 4).")
+    peer_bulk_streams: int = Field(2, ge=1, le=1024, description="`state` and `weights` streams one peer may have open at once.")
 
 
 class TestingConfig(_Section):

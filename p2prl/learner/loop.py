@@ -51,8 +51,10 @@ from p2prl.rollout.verify import Verifier
 from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
+from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
+from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import run_config
@@ -95,6 +97,7 @@ class Learner:
         self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
         self.lock = threading.Condition()  # guards the ledger and its admission buffer
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
+        self.epoch = 0  # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
         keep = max(cfg.rounds.history_versions, cfg.staleness.max_staleness)
         self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", self.limits),
@@ -114,7 +117,12 @@ class Learner:
             node.trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id,
                                        node.peer_id, self.run_config)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot)
+        # bans (kept in out_dir across restarts) and per-peer limits, enforced on every stream this node serves
+        self.reputation = node.reputation = Reputation(cfg.trust, self.out / "bans.json")
+        self.peer_limits = node.limits = PeerLimits(cfg.trust)
+        self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
+        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
+                              self.min_upload_bps)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
         self.rounds: GradientRounds | None = None
 
@@ -139,7 +147,9 @@ class Learner:
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
         self.node.serve("rollout", self.on_rollout)
         self.node.serve("acks", self.on_acks)
-        self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
+        self.node.serve("weights", weights_handler(self.store, self.min_upload_bps, cfg.net.rpc_timeout_s,
+                                                   self.reputation.reject),
+                        self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
         self.train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
         if self.core.version not in self.ledger.published:
             self.train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
@@ -258,6 +268,7 @@ class Learner:
         parent = self.latest.sha256
         with self.step_lock:
             r.metrics.update(self.core.apply(r.grad))
+            self.epoch += 1
         v, self.version_since, self.missed = self.core.version, time.time(), 0
         weights_blob, sha = serialize_weights(self.core.policy.model)
         # on disk before anyone hears of v: every published version has its training-log line and own groups
@@ -295,10 +306,19 @@ class Learner:
         m["net/weights_uploads"] = self.store.uploads
         m["net/weights_bad_requests"] = self.store.bad_requests
         m["net/dht_errors"] = self.node.dht_errors
+        m.update(self.trust_metrics())
         self.sink.log(v, m)
         self.bar.update(v - self.bar.n)
         if batch:
             self.bar.set_postfix_str(f"{progress_line(m, self.acc)} queue {m['admission/queue_depth']} learners {r.learners}")
+
+    def trust_metrics(self) -> dict[str, int]:
+        """Bans and refused or limited streams, for the metrics log and the summary."""
+        rep = self.reputation.snapshot()
+        m = {"trust/banned_peers": rep["banned"], "trust/bans": rep["bans"]}
+        m.update({f"trust/refused_banned/{k}": n for k, n in rep["refused"].items()})
+        m.update({f"trust/{k}": n for k, n in self.peer_limits.snapshot().items()})
+        return m
 
     def finish(self) -> dict:
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
@@ -312,7 +332,7 @@ class Learner:
                    "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
                    "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
                    "admission": dict(self.counts), "membership": dict(self.membership.counts),
-                   "trust": dict(self.node.trust.counts), "spot_checks": self.spot.summary(),
+                   "trust": {**self.node.trust.counts, **self.trust_metrics()}, "spot_checks": self.spot.summary(),
                    "weights_bytes_served": self.store.bytes_served,
                    "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
@@ -364,6 +384,7 @@ class Learner:
             got = self.sync.fetch(peer, rec)
             with self.step_lock:
                 self.core.load_state(got.weights, got.optimizer, got.version)
+                self.epoch += 1
         except Exception as e:
             with self.lock:
                 self.counts["sync/failed"] += 1
@@ -395,13 +416,19 @@ class Learner:
     def peer_record(self) -> PeerRecord:
         with self.lock:
             depth = len(self.buffer)
+        bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
-                          throughput=self.throughput, queue_depth=depth)
+                          throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
+                          banned_ids=bans["banned_ids"])
 
     # ---- rollouts (stream handlers on the network loop; verification on the admission thread) ----
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:
-        """Decode, verify and admit one record from ``peer``; never raises."""
+        """Decode, verify and admit one record from ``peer``; never raises. Every rejection counts
+        against ``peer``'s reputation (a record of a peer banned meanwhile is refused as ``banned``)."""
         try:
+            if self.reputation.banned(peer):
+                self.reputation.refuse("rollout")
+                raise RecordError("banned")
             g = decode_group(data, self.limits)
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
@@ -417,13 +444,14 @@ class Learner:
         except RecordError as e:
             if e.reason == "duplicate":
                 return "duplicate", ""
+            self.reputation.reject(peer, e.reason)
             with self.lock:
                 self.counts[f"rejected/{e.reason}"] += 1
                 n = self.counts[f"rejected/{e.reason}"]
             # stale data is the staleness rule at work and future versions mean this learner is catching up;
             # anything else is a warning, logged for the first few of each reason and then every 100th
             # (a bad peer cannot flood the log)
-            level = logging.DEBUG if e.reason in ("stale", "future_version") else logging.WARNING
+            level = logging.DEBUG if e.reason in ("stale", "future_version", "banned") else logging.WARNING
             if n <= 5 or n % 100 == 0:
                 log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
             return "rejected", e.reason
@@ -439,6 +467,7 @@ class Learner:
         except FrameError as e:
             with self.lock:
                 self.counts["rejected/oversized"] += 1
+            self.reputation.reject(peer, "oversized")
             log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
             await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
             return
@@ -457,6 +486,7 @@ class Learner:
         except ValueError as e:
             with self.lock:
                 self.counts["rejected/bad_ack_request"] += 1
+            self.reputation.reject(peer, "bad_ack_request")
             log.warning("bad ack request from %s: %s", peer[-6:], e)
             return
         ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]

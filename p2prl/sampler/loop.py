@@ -28,6 +28,7 @@ from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
+from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
@@ -228,7 +229,10 @@ class Sampler:
     def run(self, stop: threading.Event) -> None:
         n = self.cfg.train.groups_per_step
         if not self.cfg.net.client_mode:
-            self.node.serve("weights", weights_handler(self.store), self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
+            self.node.limits = PeerLimits(self.cfg.trust)  # other samplers fetch from us: per-peer limits, slow readers cut
+            self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
+                                                       self.cfg.net.rpc_timeout_s),
+                            self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
         if self.cfg.trust.authority:
             self.join_authority_run(stop)
         self.heartbeat()

@@ -7,7 +7,7 @@ import os
 import signal
 import threading
 import time
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -139,6 +139,8 @@ class PeerRecord(_Record):
     protocol: int
     software: str = Field(max_length=32)
     updated: float
+    banned: int = Field(0, ge=0, le=10**9, description="learners: peers banned now (reputation.py)")
+    banned_ids: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=8, description="learners: the latest of them")
 
 
 def new_record(role: str, run_id: str, peer_id: str, **fields) -> PeerRecord:

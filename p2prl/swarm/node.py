@@ -16,9 +16,13 @@ import threading
 import time
 from typing import Awaitable, Callable
 
+import msgpack
+
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, key, shutdown_dht, start_dht
+from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.reputation import Reputation
 
 log = logging.getLogger("p2prl.node")
 
@@ -27,6 +31,8 @@ Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[
 
 
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
+MAX_REFUSED_DRAIN = 1 << 20  # the same after refusing a stream
+LIMITED_HOLD_S = 1.0  # a stream over its peer's limits is refused after this pause
 
 
 async def drain(reader: asyncio.StreamReader, limit: int) -> None:
@@ -43,15 +49,60 @@ class FrameError(ConnectionError):
     pass
 
 
-async def write_frame(writer: asyncio.StreamWriter, *parts: bytes) -> None:
-    """One frame whose payload is ``parts`` concatenated (without copying them)."""
+class SlowReader(ConnectionError):
+    """The reader took an upload more slowly than the minimum rate allows."""
+
+
+class Refused(ConnectionError):
+    """The server refused the stream (``reason``: ``banned`` or ``limited``)."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"refused: {reason}")
+        self.reason = reason
+
+
+def refusal(reason: str) -> bytes:
+    """The one-frame reply of a refused stream: a msgpack map ``{"refused": reason}``. No reply of any
+    protocol starts like it (rollout and acks replies are maps of other keys, weights replies a status
+    byte, state replies a 4-byte header length far below 0x81000000)."""
+    return msgpack.packb({"refused": reason})
+
+
+def refused_reason(reply: bytes) -> str | None:
+    if not reply.startswith(b"\x81\xa7refused") or len(reply) > 64:
+        return None
+    try:
+        got = msgpack.unpackb(reply)
+    except Exception:
+        return None
+    return got["refused"] if isinstance(got, dict) and isinstance(got.get("refused"), str) else None
+
+
+async def write_frame(writer: asyncio.StreamWriter, *parts: bytes, min_bps: float = 0.0, grace_s: float = 0.0) -> None:
+    """One frame whose payload is ``parts`` concatenated (without copying them).
+
+    ``min_bps`` > 0: the reader must take the first ``k`` bytes within ``grace_s + k / min_bps``
+    seconds, else ``SlowReader`` (an upload holds its slot at most ``grace_s + size / min_bps``).
+    """
+    t0, sent = time.monotonic(), 0
+
+    async def drain():
+        if min_bps <= 0:
+            return await writer.drain()
+        left = t0 + grace_s + sent / min_bps - time.monotonic()
+        try:
+            await asyncio.wait_for(writer.drain(), max(left, 0.001))
+        except asyncio.TimeoutError:
+            raise SlowReader(f"reader below {min_bps * 8 / 1e6:.2f} Mbit/s after {sent} bytes") from None
+
     writer.write(sum(len(p) for p in parts).to_bytes(8, "big"))
     for part in parts:
         view = memoryview(part)
         for off in range(0, len(view), CHUNK):
             writer.write(view[off : off + CHUNK])
-            await writer.drain()
-    await writer.drain()
+            sent += min(CHUNK, len(view) - off)
+            await drain()
+    await drain()
 
 
 async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
@@ -74,6 +125,8 @@ class SwarmNode:
         )
         self.peer_id = self.dht.peer_id.to_base58()
         self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
+        self.limits: PeerLimits | None = None  # per-peer rate and concurrency limits on served streams
+        self.reputation: Reputation | None = None  # banned peers' streams are refused
         self._dht_lock = threading.Lock()
         self.dht_errors = 0
         self._loop = asyncio.new_event_loop()
@@ -206,6 +259,9 @@ class SwarmNode:
         One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
         handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
         from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
+        A banned peer's stream (``self.reputation``) is refused at once with a ``refusal`` frame,
+        one over its peer's limits (``self.limits``) after a pause; both are counted. An oversized
+        request counts against its peer's reputation.
         """
 
         async def on_stream(info, reader, writer):
@@ -214,6 +270,18 @@ class SwarmNode:
                 self.trust.reject(f"{name}_request", peer)
                 writer.close()
                 return
+            if self.reputation is not None and self.reputation.banned(peer):
+                self.reputation.refuse(name)
+                return await self._refuse(reader, writer, "banned")
+            if self.limits is not None and self.limits.enter(peer, name) is not None:
+                # answered after a pause (while this peer has few such streams held): a requester that
+                # retries at once is slowed to its share of the limit instead of spinning on refusals
+                if self.limits.hold(peer):
+                    try:
+                        await asyncio.sleep(LIMITED_HOLD_S)
+                    finally:
+                        self.limits.unhold(peer)
+                return await self._refuse(reader, writer, "limited")
             try:
                 await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
                 # let the requester read the reply and close first: closing at once, or with its unread
@@ -222,25 +290,47 @@ class SwarmNode:
             except asyncio.CancelledError:  # node shutting down
                 return
             except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
+                if isinstance(e, FrameError) and self.reputation is not None:
+                    self.reputation.reject(peer, "oversized_request")
+                if isinstance(e, SlowReader) and self.limits is not None:
+                    self.limits.count(f"slow_reader/{name}")
                 log.info("%s stream from %s ended: %s", name, peer[-6:], type(e).__name__)
             except Exception:
                 log.exception("%s handler failed for peer %s", name, peer[-6:])
             finally:
                 writer.close()
+                if self.limits is not None:
+                    self.limits.leave(peer, name)
 
         self.run(self._p2p.add_binary_stream_handler(self._proto(name), on_stream), timeout=30)
 
+    @staticmethod
+    async def _refuse(reader, writer, reason: str) -> None:
+        """Answer a refused stream with its reason, give the requester a moment to read it, close."""
+        try:
+            await write_frame(writer, refusal(reason))
+            await asyncio.wait_for(drain(reader, MAX_REFUSED_DRAIN), 1)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            pass
+        finally:
+            writer.close()
+
     def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
-        """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``)."""
+        """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``);
+        ``Refused`` if the peer refused the stream (banned or over its limits)."""
         from hivemind.p2p import PeerID
 
         async def go():
             _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
             try:
                 await write_frame(writer, payload)
-                return await read_frame(reader, max_reply)
+                reply = await read_frame(reader, max_reply)
             finally:
                 writer.close()
+            reason = refused_reason(reply)
+            if reason is not None:
+                raise Refused(reason)
+            return reply
 
         return self.run(go(), timeout=timeout_s or self.cfg.rpc_timeout_s)
 

@@ -6,7 +6,9 @@
              state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
 ``weights``  anyone -> holder: ``{"version", "sha256"}``; reply one status byte
              (``0`` ok, ``1`` busy, ``2`` missing) then the safetensors bytes.
-Every request is msgpack, bounded, and validated; replies are bounded by the caller.
+Every request is msgpack, bounded, and validated; replies are bounded by the caller. Any
+stream may instead be refused at once (a banned peer, or one over its limits: ``node.py``)
+with the reply ``{"refused": "banned" | "limited"}``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import msgpack
 
@@ -83,8 +86,12 @@ class WeightStore:
             self.uploads += 1
 
 
-def weights_handler(store: WeightStore):
-    """Stream handler serving ``store`` (used by learners and by samplers that hold a version)."""
+def weights_handler(store: WeightStore, min_bps: float = 0.0, grace_s: float = 0.0,
+                    reject: Callable[[str, str], object] | None = None):
+    """Stream handler serving ``store`` (used by learners and by samplers that hold a version).
+
+    An upload slower than ``min_bps`` (after ``grace_s``) is cut (``write_frame``); ``reject(peer,
+    reason)`` is told of every bad request (the learner's reputation)."""
     from p2prl.swarm.node import FrameError, read_frame, write_frame
 
     async def handle(peer: str, reader, writer) -> None:
@@ -92,6 +99,8 @@ def weights_handler(store: WeightStore):
             req = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"version": int, "sha256": str})
         except (ValueError, FrameError) as e:  # a malformed or oversized request is answered with nothing, counted and logged
             store.bad_requests += 1
+            if reject is not None:
+                reject(peer, "bad_weights_request")
             if store.bad_requests <= 5 or store.bad_requests % 100 == 0:
                 log.warning("bad weights request from %s: %s (%d so far)", peer[-6:], e, store.bad_requests)
             return
@@ -100,7 +109,7 @@ def weights_handler(store: WeightStore):
             await write_frame(writer, status)
             return
         try:
-            await write_frame(writer, status, blob)
+            await write_frame(writer, status, blob, min_bps=min_bps, grace_s=grace_s)
         finally:
             store.end_upload(req["version"], len(blob))
 

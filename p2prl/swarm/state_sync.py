@@ -86,11 +86,22 @@ def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me:
     return max(above, key=lambda pr: pr[1].rank()) if above else None
 
 
+@dataclass
+class _Shared:
+    epoch: int
+    snapshot: asyncio.Future  # (header, weights, optimizer)
+    users: int = 0
+
+
 class StateSync:
     """One learner's side of ``state``: serve a consistent snapshot, fetch and check a peer's."""
 
-    def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]]):
-        self.node, self.snapshot = node, snapshot
+    def __init__(self, node: SwarmNode, max_weights_mb: float, snapshot: Callable[[], tuple[dict, bytes, bytes]],
+                 epoch: Callable[[], int], min_bps: float = 0.0):
+        """``epoch``: changes whenever the state ``snapshot`` would take changes (a step, a load);
+        ``min_bps``: an upload slower than this (after ``net.rpc_timeout_s``) is cut."""
+        self.node, self.snapshot, self.epoch, self.min_bps = node, snapshot, epoch, min_bps
+        self._shared: _Shared | None = None  # the snapshot the requests in flight are sent (shared)
         self.limit = int(3 * max_weights_mb * 2**20)
         self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
 
@@ -100,8 +111,24 @@ class StateSync:
     async def on_state(self, peer: str, reader, writer) -> None:
         """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
         await read_frame(reader, MAX_CONTROL_BYTES)
-        header, weights, opt = await asyncio.get_running_loop().run_in_executor(None, self.snapshot)
-        await write_frame(writer, *encode_state(header, weights, opt))
+        shared = self._share()
+        try:
+            header, weights, opt = await asyncio.shield(shared.snapshot)
+            await write_frame(writer, *encode_state(header, weights, opt), min_bps=self.min_bps,
+                              grace_s=self.node.cfg.rpc_timeout_s)
+        finally:
+            shared.users -= 1
+            if not shared.users and self._shared is shared:
+                self._shared = None  # nobody is sent it any more: free it
+
+    def _share(self) -> _Shared:
+        """The snapshot of the current state that requests in flight share (taken if there is none): many
+        requests at one state cost one snapshot (on the network loop, so no lock is needed)."""
+        v = self.epoch()
+        if self._shared is None or self._shared.epoch != v:
+            self._shared = _Shared(v, asyncio.get_running_loop().run_in_executor(None, self.snapshot))
+        self._shared.users += 1
+        return self._shared
 
     def fetch(self, peer: str, rec: PolicyRecord) -> PeerState:
         """The state of ``peer``, whose record ``rec`` we act on; ValueError if it is bad or older than ``rec``,

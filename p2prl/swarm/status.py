@@ -28,6 +28,7 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
             "lag": None if version is None else version - p.policy_version,
             "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
+            "banned": p.banned, "banned_ids": p.banned_ids,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
@@ -40,11 +41,16 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
     from rich.table import Table
 
     table = Table(title=f"run {cfg.net.run_id!r}: policy version {version if version is not None else '-'}")
-    for col in ("role", "peer", "version", "lag", "groups/s", "queue", "last seen"):
+    for col in ("role", "peer", "version", "lag", "groups/s", "queue", "banned", "last seen"):
         table.add_column(col, justify="left" if col in ("role", "peer") else "right")
     for r in rows:
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
-                      f"{r['throughput']:.2f}", str(r["queue_depth"]), f"{r['last_seen_s']:.0f} s ago")
-    Console().print(table if rows else f"no live peers in run {cfg.net.run_id!r}")
-    Console().print(node.trust.describe())
+                      f"{r['throughput']:.2f}", str(r["queue_depth"]),
+                      str(r["banned"]) if r["role"] == "learner" else "", f"{r['last_seen_s']:.0f} s ago")
+    console = Console()
+    console.print(table if rows else f"no live peers in run {cfg.net.run_id!r}")
+    for r in rows:  # the peers each learner bans now (its latest few), by full id so they can be looked up
+        if r["banned_ids"]:
+            console.print(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
+    console.print(node.trust.describe())
     return 0

@@ -1,0 +1,271 @@
+"""Bounded fuzzing (hypothesis) of every wire decoder: random bytes and valid messages with one field mutated.
+
+Each decoder returns a value or raises only its documented error (``RecordError`` / ``ValueError``;
+DHT records: None); handlers that count rejections are driven with in-memory streams and must
+count every rejection (and report it to the peer's reputation), never fail with an internal error.
+"""
+
+import asyncio
+import threading
+from collections import Counter
+from types import SimpleNamespace
+
+import msgpack
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from p2prl.config import TrustConfig
+from p2prl.learner.loop import Learner
+from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
+from p2prl.swarm.membership import Membership
+from p2prl.swarm.protocol import OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.reputation import HONEST, Reputation
+from p2prl.swarm.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
+from helpers.streams import Writer, frame
+
+FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.floats(), st.text(max_size=40),
+                    st.binary(max_size=64))
+VALUES = st.recursive(SCALARS, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=8), c,
+                                                                                          max_size=4)), max_leaves=8)
+PEER = "12D3KooWfuzzpeer"
+
+
+def mutate(d: dict, data) -> dict:
+    """``d`` with one field replaced by an arbitrary value, removed, or one field added."""
+    d = dict(d)
+    op = data.draw(st.sampled_from(["replace", "remove", "add"]))
+    k = data.draw(st.sampled_from(sorted(d)))
+    if op == "replace":
+        d[k] = data.draw(VALUES)
+    elif op == "remove":
+        del d[k]
+    else:
+        d[data.draw(st.text(max_size=12))] = data.draw(VALUES)
+    return d
+
+
+def serve(handler, raw: bytes) -> Writer:
+    """Run a stream handler on one request frame (bounded in time); what it wrote."""
+    w = Writer()
+
+    async def go():
+        await asyncio.wait_for(handler(frame(raw), w), 5)
+
+    asyncio.run(go())
+    return w
+
+
+def random_or_mutated(data, valid: dict) -> bytes:
+    return data.draw(st.binary(max_size=512)) if data.draw(st.booleans()) else pack(mutate(valid, data))
+
+
+def damage(raw: bytes, data) -> bytes:
+    """``raw`` truncated, or with some bytes overwritten."""
+    if data.draw(st.booleans()):
+        return raw[: data.draw(st.integers(0, max(0, len(raw) - 1)))]
+    b = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 4))):
+        b[data.draw(st.integers(0, len(b) - 1))] = data.draw(st.integers(0, 255))
+    return bytes(b)
+
+
+def valid_group() -> RolloutGroup:
+    G, T = 3, 5
+    return RolloutGroup(group_id=f"{PEER}/1", run_id="run", prompt_id=7, policy_version=2, weights_sha256="ab" * 32,
+                        prompt_ids=np.arange(4, dtype=np.int32), tokens=np.ones((G, T), np.int32),
+                        lengths=np.array([5, 3, 1], np.int32), logq=np.full((G, T), -0.5, np.float32),
+                        rewards=np.array([1, 0, 0], np.float32), sampler=PEER)
+
+
+VALID_GROUP = msgpack.unpackb(encode_group(valid_group()))
+
+
+# ---- rollout record: the decoder, then the learner's admission (every rejection counted) ----
+def check_decode_group(raw: bytes) -> None:
+    try:
+        g = decode_group(raw, Limits(max_bytes=1 << 16))
+    except RecordError as e:
+        assert e.reason
+        return
+    assert isinstance(g, RolloutGroup) and g.tokens.shape == g.logq.shape
+
+
+@FUZZ
+@given(st.binary(max_size=2048))
+def test_fuzz_rollout_record_random_bytes(raw):
+    check_decode_group(raw)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_rollout_record_one_field_mutated(data):
+    check_decode_group(msgpack.packb(mutate(VALID_GROUP, data), use_bin_type=True))
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_rollout_record_damaged_bytes(data):
+    check_decode_group(damage(encode_group(valid_group()), data))
+
+
+def fake_learner() -> SimpleNamespace:
+    """What ``Learner.admit`` / ``on_acks`` use, with a ledger and verifier that accept whatever decodes."""
+    passes = SimpleNamespace(check=lambda *a: None, admit=lambda *a: None, states_of=lambda ids: {i: "unknown" for i in ids})
+    return SimpleNamespace(limits=Limits(max_bytes=1 << 16), core=SimpleNamespace(version=2), lock=threading.Condition(), counts=Counter(),
+                           ledger=passes, verifier=passes, buffer=[], reputation=Reputation(TrustConfig(ban_threshold=10**6)))
+
+
+def rejections(learner) -> Counter:
+    return Counter({k.split("/", 1)[1]: n for k, n in learner.counts.items() if k.startswith("rejected/")})
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_learner_admission_counts_every_rejection(data):
+    learner = fake_learner()
+    raw = random_or_mutated(data, VALID_GROUP)
+    status, reason = Learner.admit(learner, raw, PEER)
+    assert "internal" not in learner.counts and reason != "internal"  # no decoder crash
+    if status == "rejected":
+        assert rejections(learner) == Counter({reason: 1})
+        assert learner.reputation.peers[PEER].reasons == Counter({reason: 1})
+        assert reason not in HONEST  # decoding errors always count toward a ban
+    else:
+        assert status == "accepted" and not rejections(learner)
+
+
+# ---- acks: the request (unpack_map) and the learner's handler ----
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), VALUES.map(lambda v: pack({"ids": v})), VALUES.map(pack)))
+def test_fuzz_acks_request(raw):
+    learner = fake_learner()
+    w = serve(lambda r, w: Learner.on_acks(learner, PEER, r, w), raw)
+    try:
+        unpack_map(raw, {"ids": list})
+    except ValueError:
+        assert learner.counts == Counter({"rejected/bad_ack_request": 1}) and w.data == b""
+        assert learner.reputation.peers[PEER].reasons == Counter({"bad_ack_request": 1})
+        return
+    assert set(w.reply()) == {"states", "queue"} and not learner.counts
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), VALUES.map(lambda v: pack({"states": v, "queue": 0}))))
+def test_fuzz_acks_reply(raw):
+    try:
+        got = unpack_map(raw, {"states": dict})
+    except ValueError:
+        return
+    assert isinstance(got["states"], dict)
+
+
+# ---- hello: the reply, as a learner's membership handles it ----
+class ReplyNode:
+    peer_id, ttl = "me", 3.0
+
+    def __init__(self, reply: bytes):
+        self.reply = reply
+
+    def request(self, *a, **k):
+        return self.reply
+
+
+VALID_HELLO = {"policy": PolicyRecord(version=3, sha256="ab" * 32, size=10).encode(), "learners": ["a", "b"]}
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_hello_reply(data):
+    raw = random_or_mutated(data, VALID_HELLO)
+    m = Membership(ReplyNode(raw), 1.0, own_record=lambda: None, latest=lambda: None)
+    m.hello("other", now=1.0)
+    if m.counts["hello_failed"]:  # a reply that does not parse is a counted failed hello
+        assert "other" not in m.policies
+        return
+    assert m.known["other"] == 1.0 and all(isinstance(q, str) and len(q) <= 128 for q in m.known)
+    assert len(m.known) <= 2 + 64
+    assert all(isinstance(r, PolicyRecord) for r in m.policies.values())
+
+
+# ---- state: the reply header and body ----
+def valid_state(weights: bytes = b"w" * 32) -> dict:
+    import hashlib
+
+    return state_header(4, hashlib.sha256(weights).hexdigest(), 8, {"3": "cd" * 32}, [f"{PEER}/1"], len(weights))
+
+
+def check_decode_state(raw: bytes) -> None:
+    try:
+        got = decode_state(raw)
+    except ValueError:
+        return
+    assert got.weights and isinstance(got.published, dict) and all(isinstance(g, str) for g in got.trained)
+
+
+@FUZZ
+@given(st.binary(max_size=1024))
+def test_fuzz_state_random_bytes(raw):
+    check_decode_state(raw)
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_state_header_one_field_mutated(data):
+    header = mutate(valid_state(), data)
+    check_decode_state(b"".join(encode_state(header, b"w" * 32, b"opt")))
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_state_damaged_bytes(data):
+    check_decode_state(damage(b"".join(encode_state(valid_state(), b"w" * 32, b"opt")), data))
+
+
+def test_fuzz_inputs_include_a_valid_state_and_record():
+    """The mutation tests start from messages that do decode (else they would fuzz nothing)."""
+    assert decode_state(b"".join(encode_state(valid_state(), b"w" * 32, b"opt"))).version == 4
+    assert set(valid_state()) == set(HEADER_FIELDS)
+    assert decode_group(encode_group(valid_group())).group_id == f"{PEER}/1"
+    assert Learner.admit(fake_learner(), encode_group(valid_group()), PEER) == ("accepted", "")
+
+
+# ---- weights request, through the handler: bad requests counted and reported ----
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), VALUES.map(pack),
+                 st.fixed_dictionaries({"version": VALUES, "sha256": VALUES}).map(pack),
+                 st.integers(-(2**63), 2**64 - 1).map(lambda v: pack({"version": v, "sha256": "ab" * 32}))))
+def test_fuzz_weights_request(raw):
+    store = WeightStore(keep=2, max_uploads_per_version=1)
+    store.add(3, "ab" * 32, b"weights")
+    reported = []
+    handle = weights_handler(store, reject=lambda peer, reason: reported.append((peer, reason)))
+    w = serve(lambda r, w: handle(PEER, r, w), raw)
+    try:
+        unpack_map(raw, {"version": int, "sha256": str})
+    except ValueError:
+        assert store.bad_requests == 1 and reported == [(PEER, "bad_weights_request")] and w.data == b""
+        return
+    assert store.bad_requests == 0 and not reported and w.data[8:9] in (OK, b"\x02")
+
+
+# ---- DHT records: decode returns a record or None ----
+VALID_RECORDS = {
+    PeerRecord: new_record("learner", "run", PEER, policy_version=3, throughput=1.0, queue_depth=2, banned=1,
+                           banned_ids=["x"]).model_dump(),
+    PolicyRecord: PolicyRecord(version=3, sha256="ab" * 32, size=10, weight=2).model_dump(),
+    RunConfigRecord: RunConfigRecord(model="ab" * 32, task="t", sampling={"a": 1}, algo={}, optim={}).model_dump(),
+}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(VALID_RECORDS, key=lambda c: c.__name__)), st.data())
+def test_fuzz_dht_records(cls, data):
+    raw = random_or_mutated(data, VALID_RECORDS[cls])
+    got = cls.decode(raw)
+    assert got is None or isinstance(got, cls)
+    assert cls.decode(pack(VALID_RECORDS[cls])) == cls(**VALID_RECORDS[cls])
