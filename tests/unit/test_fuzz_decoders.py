@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from p2prl.config import TrustConfig
 from p2prl.learner.loop import Learner
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
+from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.protocol import OK, WeightStore, pack, unpack_map, weights_handler
@@ -117,7 +118,8 @@ def fake_learner() -> SimpleNamespace:
     """What ``Learner.admit`` / ``on_acks`` use, with a ledger and verifier that accept whatever decodes."""
     passes = SimpleNamespace(check=lambda *a: None, admit=lambda *a: None, states_of=lambda ids: {i: "unknown" for i in ids})
     return SimpleNamespace(limits=Limits(max_bytes=1 << 16), core=SimpleNamespace(version=2), lock=threading.Condition(), counts=Counter(),
-                           ledger=passes, verifier=passes, buffer=[], reputation=Reputation(TrustConfig(ban_threshold=10**6)))
+                           ledger=passes, verifier=passes, buffer=[], reputation=Reputation(TrustConfig(ban_threshold=10**6)),
+                           spot=SimpleNamespace(wants=lambda gid: False))
 
 
 def rejections(learner) -> Counter:
@@ -167,6 +169,7 @@ def test_fuzz_acks_reply(raw):
 # ---- hello: the reply, as a learner's membership handles it ----
 class ReplyNode:
     peer_id, ttl = "me", 3.0
+    trust = Trust("", "run")  # open mode
 
     def __init__(self, reply: bytes):
         self.reply = reply
@@ -196,7 +199,9 @@ def test_fuzz_hello_reply(data):
 def valid_state(weights: bytes = b"w" * 32) -> dict:
     import hashlib
 
-    return state_header(4, hashlib.sha256(weights).hexdigest(), 8, {"3": "cd" * 32}, [f"{PEER}/1"], len(weights))
+    sha = hashlib.sha256(weights).hexdigest()
+    return state_header(4, sha, 8, {"3": "cd" * 32}, [f"{PEER}/1"], len(weights),
+                        PolicyRecord(version=4, sha256=sha, size=len(weights), weight=8))
 
 
 def check_decode_state(raw: bytes) -> None:

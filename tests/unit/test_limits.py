@@ -9,6 +9,7 @@ from p2prl.config import TrustConfig
 from p2prl.swarm.limits import PeerLimits, TokenBucket
 from p2prl.swarm.node import SlowReader, refusal, refused_reason, write_frame
 from p2prl.swarm.protocol import pack
+from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.state_sync import encode_state, state_header
 
 
@@ -72,7 +73,7 @@ def test_refusal_frame_is_recognised_and_no_protocol_reply_looks_like_it():
     assert refused_reason(refusal("banned")) == "banned" and refused_reason(refusal("limited")) == "limited"
     replies = [pack({"status": "rejected", "reason": "refused", "queue": 0}), pack({"states": {}, "queue": 0}),
                pack({"policy": b"", "learners": []}), b"\x00" + b"\x81\xa7refused", b"\x01", b"\x02", b"",
-               b"".join(encode_state(state_header(1, "0" * 64, 0, {}, [], 1), b"w", b"o")),
+               b"".join(encode_state(state_header(1, "0" * 64, 0, {}, [], 1, PolicyRecord(version=1, sha256="0" * 64, size=1)), b"w", b"o")),
                pack({"refused": 3}), pack({"refused": "x", "more": 1})]
     assert [refused_reason(r) for r in replies] == [None] * len(replies)
 
@@ -135,7 +136,9 @@ def test_state_requests_in_flight_share_one_snapshot():
         weights = b"w" * 100
         import hashlib
 
-        return state_header(version[0], hashlib.sha256(weights).hexdigest(), 0, {}, [], len(weights)), weights, b"o"
+        sha = hashlib.sha256(weights).hexdigest()
+        record = PolicyRecord(version=version[0], sha256=sha, size=len(weights))
+        return state_header(version[0], sha, 0, {}, [], len(weights), record), weights, b"o"
 
     node = SimpleNamespace(cfg=SimpleNamespace(rpc_timeout_s=5), transfer_timeout=lambda n: 10)
     sync = StateSync(node, 1.0, snapshot, lambda: version[0])
