@@ -183,6 +183,14 @@ def _add_run_parsers(sub) -> None:
     who.add_argument("--identity", metavar="FILE", help="the learner's identity file (net.identity_path)")
     add.add_argument("--expires-days", type=float, default=None, metavar="N",
                      help="also renew: valid for N days from now (default: keep the expiry)")
+    remove = rsub.add_parser(
+        "remove-learner", help="revoke a learner (its peer id) and re-sign the run record",
+        description=_wrap("Remove a learner's peer id from DIR/run.record and sign it again with a later issue time. "
+        "Give the new run.record to the remaining learners: they publish it, and every peer adopts the newest valid "
+        "record, so the removed learner's versions, groups and rounds are refused from then on."),
+    )
+    remove.add_argument("dir", metavar="DIR", help="the folder `p2prl run init` created")
+    remove.add_argument("peer_id", metavar="PEER_ID", help="the learner's peer id (`p2prl run show DIR/run.record` lists them)")
     show = rsub.add_parser("show", help="print a run record",
                            description="Print a run record: run id, validity, authorized learners, config. Checks "
                            "its signature when --authority is given or an authority.key lies next to it.")
@@ -482,8 +490,21 @@ def _cmd_run(args: argparse.Namespace) -> int:
     key = a.load_authority_key(out / "authority.key")
     rec = a.load_run_record(out / "run.record", "run record")
     problem = rec.problem(a.public_hex(key), rec.run_id, now=0.0)
+    import time
+
     if problem:
         raise a.TrustError(f"{out / 'run.record'} does not belong to {out / 'authority.key'}: {problem}")
+    if args.run_command == "remove-learner":
+        peer = _check_peer_id(args.peer_id)
+        if peer not in rec.learners:
+            raise a.TrustError(f"{peer} is not an authorized learner of run {rec.run_id!r} "
+                               f"(`p2prl run show {out / 'run.record'}` lists them)")
+        _write_run_record(out, a.RunRecord(run_id=rec.run_id, config=rec.config,
+                                           learners=[p for p in rec.learners if p != peer],
+                                           issued=max(time.time(), rec.issued + 1e-3), expires=rec.expires).signed(key))
+        print(f"revoked learner {peer} in run {rec.run_id!r} ({len(rec.learners) - 1} learners left); send "
+              f"{out / 'run.record'} to the remaining learners (trust.run_record)")
+        return 0
     if args.identity:
         from p2prl.config import usable_file
 
@@ -494,8 +515,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
         peer = _check_peer_id(args.peer_id)
     if args.expires_days is not None and args.expires_days <= 0:
         raise _usage("--expires-days must be positive")
-    import time
-
     expires = time.time() + args.expires_days * 86400 if args.expires_days is not None else rec.expires
     if expires <= time.time():
         raise a.TrustError(f"{out / 'run.record'} expired on {time.strftime('%Y-%m-%d', time.gmtime(rec.expires))}; "
@@ -504,12 +523,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise a.TrustError(f"a run record holds at most {a.MAX_LEARNERS} learners")
     new = a.RunRecord(run_id=rec.run_id, config=rec.config, learners=sorted(set(rec.learners) | {peer}),
                       issued=max(time.time(), rec.issued + 1e-3), expires=expires).signed(key)
-    tmp = out / "run.record.tmp"
-    tmp.write_bytes(new.encode())
-    tmp.replace(out / "run.record")
+    _write_run_record(out, new)
     print(f"authorized learner {peer} in run {new.run_id!r} ({len(new.learners)} learners); send {out / 'run.record'} "
           "to the learners (trust.run_record)")
     return 0
+
+
+def _write_run_record(out: Path, rec) -> None:
+    tmp = out / "run.record.tmp"
+    tmp.write_bytes(rec.encode())
+    tmp.replace(out / "run.record")
 
 
 def _check_peer_id(peer: str) -> str:

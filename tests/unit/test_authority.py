@@ -171,6 +171,12 @@ def test_cli_run_init_add_learner_show(tmp_path, capsys, ids):
     shown = capsys.readouterr().out
     assert "run id:   pub" in shown and f"signature: valid for authority {pub}" in shown and peer in shown
 
+    assert main(["run", "remove-learner", str(out), k1]) == 0
+    rec3 = a.load_run_record(out / "run.record")
+    assert rec3.problem(pub, "pub") is None and rec3.learners == [peer] and rec3.issued > rec2.issued
+    assert main(["run", "remove-learner", str(out), k1]) == 2
+    assert "is not an authorized learner" in capsys.readouterr().err
+
     # errors: a clear message and exit code 2, never a traceback
     assert main(["run", "init", "--out", str(out)]) == 2
     assert "already holds a run authority" in capsys.readouterr().err
