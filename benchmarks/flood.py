@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section  # noqa: E402
 
 from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file  # noqa: E402
+from p2prl.metrics import read_jsonl  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOODER = ROOT / "tests" / "helpers" / "trust_peer.py"
@@ -38,16 +39,6 @@ SETTINGS = ["net.run_id=flood", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_
 STRICT = ["trust.peer_bulk_requests_per_s=0.1", "trust.peer_bulk_streams=1"]
 UNLIMITED = ["trust.peer_requests_per_s=1000000", "trust.peer_burst=1000000", "trust.peer_streams=100000",
              "trust.peer_bulk_requests_per_s=1000000", "trust.peer_bulk_streams=1024"]
-
-
-def read_lines(path: Path) -> list[dict]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return out
 
 
 def versions_per_s(lines: list[dict], t0: float, t1: float) -> float:
@@ -66,7 +57,7 @@ def run(tmp: Path, extra: list[str], a) -> dict:
         procs.spawn("sampler", cli_command(*join, "--role", "sampler"))
         metrics = tmp / "learner" / "metrics.jsonl"
         deadline = time.time() + 300
-        while sum(1 for l in read_lines(metrics) if l["step"] > 0) < 3:
+        while sum(1 for l in read_jsonl(metrics) if l["step"] > 0) < 3:
             if time.time() > deadline or procs.procs["learner"].poll() is not None:
                 raise RuntimeError(f"the learner did not train 3 versions; see {tmp}/learner.log")
             time.sleep(0.5)
@@ -87,7 +78,7 @@ def run(tmp: Path, extra: list[str], a) -> dict:
                 time.sleep(a.window)
             windows.append((kind, t0, time.time()))
         time.sleep(2)  # the last window's metrics lines
-        lines = read_lines(metrics)
+        lines = read_jsonl(metrics)
     finally:
         procs.stop()
     rates = {k: [versions_per_s(lines, t0, t1) for kind, t0, t1 in windows if kind == k] for k in ("quiet", "flood")}
