@@ -96,6 +96,7 @@ def test_hivemind_dht_command_as_bootstrap(tmp_path):
     assert "version advanced to 3" in r.stdout
 
 
+@pytest.mark.slow  # CI time: bad records are also sent to a real learner by tests/network/test_trust_bans.py
 def test_hostile_peer_is_rejected_and_counted(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
@@ -134,6 +135,7 @@ def _children_gone(logs: Path) -> bool:
     return str(logs.parent) not in out
 
 
+@pytest.mark.slow  # CI time: SIGTERM/SIGKILL (tests/e2e/test_swarm_up.py) take the same path as SIGINT
 def test_swarm_up_runs_and_ctrl_c_stops_every_child(tmp_path):
     root = Path(__file__).resolve().parents[2]
     cmd = [sys.executable, "-m", "p2prl.cli", "swarm", "up", "--samplers", "1", "--no-progress", "--fresh", "--json",

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 from p2prl.learner.spotcheck import selected
 
@@ -37,6 +39,7 @@ def test_spot_check_every_forged_group_rejected_at_fraction_one(peers, tmp_path)
     assert "Traceback" not in peers.log("learner")
 
 
+@pytest.mark.slow  # CI time: the fraction-one test runs in the default suite
 def test_spot_check_forged_groups_caught_at_the_check_fraction(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"

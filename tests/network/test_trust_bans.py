@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -80,6 +82,7 @@ def test_a_flood_of_state_and_weights_requests_leaves_the_learner_training(peers
     assert "Traceback" not in peers.log("learner")
 
 
+@pytest.mark.slow  # CI time: tests/unit/test_limits.py cuts a simulated slow reader
 def test_a_slow_reader_is_cut_from_a_weights_upload(peers, tmp_path):
     """A reader far below flow.min_upload_mbps holds the holder's upload slot at most grace + size / rate."""
     helper, info = str(ROOT / "tests" / "helpers" / "slow_reader.py"), tmp_path / "server.json"
