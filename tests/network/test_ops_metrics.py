@@ -9,6 +9,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from helpers.swarm_util import wait_for
@@ -37,6 +38,7 @@ def info(m: dict[str, float]) -> dict[str, str]:
     return dict(kv.split("=", 1) for kv in k[len("p2prl_info{"):-1].split(","))
 
 
+@pytest.mark.slow  # about 50 s on 2 busy cores (three peers start)
 def test_peers_serve_metrics_and_status_watch_lists_other_runs(peers, tmp_path):
     maddr = peers.bootstrap()
     lport, sport = free_port(), free_port()
