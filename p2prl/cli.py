@@ -115,6 +115,21 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--authority", default=None, metavar="HEX",
                     help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
 
+    mo = sub.add_parser(
+        "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves)",
+        description=_wrap("Join the DHT as a client, look up the run's peers every --period seconds and serve one "
+        "self-contained HTML page (no scripts, nothing fetched from the internet): the peers by role with their "
+        "versions, lag, reward, held-out accuracy, rejections and bans; the samplers' lag histogram; each learner's "
+        "reward and accuracy per version since the monitor started. /state.json has the same as JSON."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_network_args(mo)
+    mo.add_argument("--http", required=True, metavar="HOST:PORT",
+                    help="address of the page, e.g. 127.0.0.1:8080 (0.0.0.0:8080 to show it to other machines)")
+    mo.add_argument("--period", type=float, default=5.0, metavar="SECONDS", help="seconds between look-ups (default 5)")
+    mo.add_argument("--authority", default=None, metavar="HEX",
+                    help="the run authority's public key (trust.authority): hide learners it does not authorize")
+
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
     up = swsub.add_parser(
@@ -332,7 +347,7 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         ("net", "identity_path"): getattr(args, "identity_path", None),
         ("net", "metrics_port"): getattr(args, "metrics_port", None) if args.command == "join" else None,
         ("net", "metrics_host"): getattr(args, "metrics_host", None),
-        ("trust", "authority"): getattr(args, "authority", None) if args.command == "status" else None,
+        ("trust", "authority"): getattr(args, "authority", None) if args.command in ("status", "monitor") else None,
     }
     from pydantic import ValidationError
 
@@ -445,6 +460,22 @@ def _cmd_status(args: argparse.Namespace) -> int:
     if args.watch is not None and (args.json or args.watch <= 0 or args.count < 0):
         raise _usage("--watch takes a positive number of seconds, a --count of 0 or more, and no --json")
     return show_status(cfg, as_json=args.json, watch=args.watch, count=args.count)
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise _usage(f"--http {args.http!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if not 0.1 <= args.period <= 3600:
+        raise _usage("--period must be between 0.1 and 3600 seconds")
+    cfg = _load_config(args)
+    if not cfg.net.initial_peers:
+        raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
+    from p2prl.log import setup_logging
+    from p2prl.swarm.monitor import run_monitor
+
+    setup_logging("monitor")
+    return run_monitor(cfg, host.strip("[]"), int(port), args.period)
 
 
 def _cmd_swarm(args: argparse.Namespace) -> int:
@@ -629,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     from p2prl.swarm.dht import BootstrapError
 
     try:
-        commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
+        commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status, "monitor": _cmd_monitor,
                     "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError) as e:

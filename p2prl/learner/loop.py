@@ -461,10 +461,11 @@ class Learner:
     def peer_record(self) -> PeerRecord:
         with self.lock:
             depth = len(self.buffer)
+            rejected = group_totals(self.counts, 0)["rejected"]
         bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
                           throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
-                          banned_ids=bans["banned_ids"], reward=self.reward, acc=getattr(self, "acc", None))
+                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=getattr(self, "acc", None))
 
     # ---- rollouts (stream handlers on the network loop; verification on the admission thread) ----
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:

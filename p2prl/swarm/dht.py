@@ -141,6 +141,7 @@ class PeerRecord(_Record):
     updated: float
     banned: int = Field(0, ge=0, le=10**9, description="learners: peers banned now (reputation.py)")
     banned_ids: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=8, description="learners: the latest of them")
+    rejected: int = Field(0, ge=0, le=10**12, description="learners: groups rejected so far (every reason)")
     reward: float | None = Field(None, ge=-1e6, le=1e6, description="learners: mean reward of the last step's groups")
     acc: float | None = Field(None, ge=0.0, le=1.0, description="learners: held-out accuracy at the last evaluation")
 

@@ -29,7 +29,7 @@ def snapshot(node: SwarmNode, run_id: str) -> dict:
             "lag": None if version is None else version - p.policy_version,
             "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
-            "banned": p.banned, "banned_ids": p.banned_ids, "reward": p.reward, "acc": p.acc,
+            "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]

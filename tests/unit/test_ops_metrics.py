@@ -161,3 +161,56 @@ def test_status_watch_refreshes_count_times(monkeypatch, capsys):
     assert status.show_status(cfg, watch=0.01, count=3) == 0
     out = capsys.readouterr().out  # not a terminal: one table per refresh
     assert calls["peers"] == 3 and out.count("policy version") == 3 and out.count("refreshed every") == 3
+
+
+# ---- the swarm health page (p2prl monitor) --------------------------------------------------------
+def page_snapshot(version: int, reward: float, acc: float) -> dict:
+    row = dict(role="learner", peer_id="12D3KooWlearnerAAAA", policy_version=version, lag=0, throughput=1.0,
+               queue_depth=2, last_seen_s=1.0, banned=1, banned_ids=["12D3KooWbad<x>"], rejected=5, reward=reward,
+               acc=acc)
+    samplers = [dict(row, role="sampler", peer_id=f"12D3KooWsampler{i}", policy_version=version - i, lag=i,
+                     reward=None, acc=None, banned=0, banned_ids=[], rejected=0) for i in range(3)]
+    return {"run_id": "test", "policy_version": version, "peers": [row, *samplers],
+            "other_runs": {"tset": {"sampler": 1}}, "time": 0.0}
+
+
+def test_monitor_page_shows_peers_lag_histogram_and_curves():
+    import re
+
+    from p2prl.swarm.monitor import History, render_page
+
+    history = History()
+    for v, rew, acc in [(1, 0.1, 0.2), (2, 0.3, 0.4), (2, 0.35, 0.45), (3, 0.5, 0.6)]:
+        history.add(page_snapshot(v, rew, acc))
+    page = render_page(page_snapshot(3, 0.5, 0.6), history, 5)
+    assert page.startswith("<!DOCTYPE html>") and '<meta http-equiv="refresh" content="5">' in page
+    assert "<script" not in page and "http://" not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert '<span id="version">3</span>' in page and "1 learner, 3 samplers" in page
+    rows = re.findall(r'<tr class="peer (\w+)">(.*?)</tr>', page)
+    assert [r[0] for r in rows] == ["learner", "sampler", "sampler", "sampler"]
+    assert "12D3KooWlearnerAAAA" in rows[0][1] and "<td>5</td>" in rows[0][1]  # rejected
+    assert "12D3KooWbad&lt;x&gt;" in page and "<x>" not in page  # peer-supplied text is escaped
+    assert page.count('class="bar"') == 3  # lags 0, 1, 2: one sampler each
+    assert page.count('class="point"') == 6  # versions 1..3 (v2 updated in place), reward and accuracy
+    assert "learnerAAAA"[-6:] + " v2: 0.350" in page and "tset" in page
+
+
+def test_monitor_page_before_the_first_look_up():
+    from p2prl.swarm.monitor import History, render_page
+
+    assert "waiting for the first look-up: TimeoutError" in render_page(None, History(), 5, "TimeoutError")
+    page = render_page({"run_id": "test", "policy_version": None, "peers": [], "other_runs": {}, "time": 0.0},
+                       History(), 5)
+    assert "no live peers" in page and page.count("no data yet") == 3
+
+
+def test_monitor_history_is_bounded(monkeypatch):
+    from p2prl.swarm import monitor
+
+    monkeypatch.setattr(monitor, "MAX_LEARNERS", 2)
+    history = monitor.History()
+    for i in range(4):
+        snap = page_snapshot(i, 0.0, 0.0)
+        snap["peers"][0]["peer_id"] = f"learner{i}"
+        history.add(snap)
+    assert list(history.curves) == ["learner2", "learner3"]
