@@ -3,39 +3,16 @@
 as such by the status of this run."""
 
 import os
-import socket
 import subprocess
 import sys
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from helpers.prom_util import free_port, info, scrape
 from helpers.swarm_util import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Sample name (with its labels) -> value; empty while the endpoint is not up yet."""
-    try:
-        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    except OSError:
-        return {}
-    return {s.name + ("{" + ",".join(f"{k}={v}" for k, v in sorted(s.labels.items())) + "}" if s.labels else ""): s.value
-            for fam in text_string_to_metric_families(text) for s in fam.samples}
-
-
-def info(m: dict[str, float]) -> dict[str, str]:
-    (k,) = [k for k in m if k.startswith("p2prl_info{")]
-    return dict(kv.split("=", 1) for kv in k[len("p2prl_info{"):-1].split(","))
 
 
 @pytest.mark.slow  # about 50 s on 2 busy cores (three peers start)
