@@ -113,6 +113,7 @@ class Learner:
         self.throughput = 0.0
         self.lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
         self.reward: float | None = None  # mean reward of the last step's groups
+        self.acc: float | None = None  # held-out accuracy at the last evaluation (from start())
         self.bytes_in = 0  # rollout records received
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
@@ -344,7 +345,7 @@ class Learner:
         return [
             prom.info("learner", self.cfg.net.run_id, self.node.peer_id),
             prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
-            prom.gauge("heldout_accuracy", "Held-out accuracy at the last evaluation", getattr(self, "acc", None)),
+            prom.gauge("heldout_accuracy", "Held-out accuracy at the last evaluation", self.acc),
             prom.gauge("reward_mean", "Mean reward of the groups of the last step", self.reward),
             prom.gauge("throughput_groups_per_second", "Groups trained per second (moving average)", self.throughput),
             prom.gauge("queue_depth", "Groups admitted and waiting to be trained", depth),
@@ -465,7 +466,7 @@ class Learner:
         bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
                           throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
-                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=getattr(self, "acc", None))
+                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc)
 
     # ---- rollouts (stream handlers on the network loop; verification on the admission thread) ----
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:

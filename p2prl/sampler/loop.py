@@ -273,7 +273,6 @@ class Sampler:
                 self.deliver(p)
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
 
-
     def prometheus(self) -> list:
         """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
         by = prom.split_counts(dict(self.counts))

@@ -68,8 +68,7 @@ def test_learner_metrics_read_its_counters():
 
 def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
     learner = fake_learner()
-    del learner.acc
-    learner.reward = None
+    learner.acc = learner.reward = None
     m = scrape(lambda: Learner.prometheus(learner))
     assert "p2prl_heldout_accuracy" not in m and "p2prl_reward_mean" not in m and "p2prl_policy_version" in m
 
@@ -214,3 +213,19 @@ def test_monitor_history_is_bounded(monkeypatch):
         snap["peers"][0]["peer_id"] = f"learner{i}"
         history.add(snap)
     assert list(history.curves) == ["learner2", "learner3"]
+
+
+def test_metrics_flags_map_to_config_keys_and_bad_values_are_named(capsys):
+    from p2prl import cli
+
+    args = cli.build_parser().parse_args(["join", "--role", "sampler", "--metrics-port", "9400",
+                                          "--metrics-host", "0.0.0.0", "net.run_id=x"])
+    cfg = cli._load_config(args)
+    assert (cfg.net.metrics_port, cfg.net.metrics_host) == (9400, "0.0.0.0")
+    assert load_config(None, []).net.metrics_port == 0 and load_config(None, []).net.metrics_host == "127.0.0.1"
+    for argv, what in [(["join", "--role", "sampler", "--metrics-port", "70000"], "net.metrics_port"),
+                       (["bootstrap", "--metrics-port", "70000"], "--metrics-port 70000"),
+                       (["monitor", "--http", "8080", "--initial-peers", "x"], "--http '8080'"),
+                       (["status", "--initial-peers", "x", "--watch", "--json"], "--watch")]:
+        assert cli.main(argv) == 2
+        assert what in capsys.readouterr().err, argv
