@@ -47,23 +47,26 @@ def _num(x: float | None, fmt: str) -> str:
 
 def render(snap: dict):
     """The status of ``snap`` as one rich renderable: the peers table, other runs, bans."""
+    from rich import box
     from rich.console import Group
     from rich.table import Table
 
     v = snap["policy_version"]
-    table = Table(title=f"run {snap['run_id']!r}: policy version {v if v is not None else '-'}")
-    for col in ("role", "peer", "version", "lag", "reward", "acc", "groups/s", "queue", "banned", "last seen"):
-        table.add_column(col, justify="left" if col in ("role", "peer") else "right")
+    table = Table(title=f"run {snap['run_id']!r}: policy version {v if v is not None else '-'}", box=box.SIMPLE_HEAD,
+                  padding=(0, 1, 0, 0), pad_edge=False)
+    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", "seen"):
+        left = col in ("role", "peer")  # never cut: a narrow terminal shrinks the numbers instead
+        table.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=11 if col == "peer" else None)
     for r in snap["peers"]:
         learner = r["role"] == "learner"
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
                       _num(r["reward"], ".3f") if learner else "", _num(r["acc"], ".3f") if learner else "",
                       f"{r['throughput']:.2f}", str(r["queue_depth"]), str(r["banned"]) if learner else "",
-                      f"{r['last_seen_s']:.0f} s ago")
-    for run, roles in snap["other_runs"].items():
-        table.add_row(", ".join(f"{n} {role}" + "s" * (n > 1) for role, n in sorted(roles.items())),
-                      f"run {run!r} (other run)", *[""] * 8, style="dim")
-    parts = [table if snap["peers"] or snap["other_runs"] else f"no live peers in run {snap['run_id']!r}"]
+                      f"{r['last_seen_s']:.0f}s")
+    parts = [table if snap["peers"] else f"no live peers in run {snap['run_id']!r}"]
+    for run, roles in snap["other_runs"].items():  # peers that announce another run id (a typo?)
+        parts.append(f"run {run!r} (other run): " + ", ".join(f"{n} {role}" + "s" * (n > 1)
+                                                               for role, n in sorted(roles.items())))
     for r in snap["peers"]:  # the peers each learner bans now (its latest few), by full id so they can be looked up
         if r["banned_ids"]:
             parts.append(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
