@@ -660,8 +660,8 @@ def main(argv: list[str] | None = None) -> int:
     from p2prl.swarm.dht import BootstrapError
 
     try:
-        commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status, "monitor": _cmd_monitor,
-                    "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
+        commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
+                    "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
         return commands[args.command](args)
     except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)
