@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--closed-network", action="store_true",
                     help="relay, NAT probing and IPFS off, on the given --host-maddrs (emulated networks)")
     bs.add_argument("--maddrs-file", default=None, help="also write the visible multiaddrs to this file, one a line")
+    _add_metrics_args(bs)
 
     jn = sub.add_parser(
         "join", help="join a swarm as a sampler or a learner",
@@ -101,14 +102,33 @@ def build_parser() -> argparse.ArgumentParser:
     jn.add_argument("--no-progress", action="store_true", help="no progress bar")
     jn.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     jn.add_argument("--log-file", default=None, help="also write this peer's log lines to this file")
+    _add_metrics_args(jn)
     _add_config_args(jn)
 
     st = sub.add_parser("status", help="show the live peers of a run",
                         description="Join the DHT as a client and print the live peers of a run by role.")
     _add_network_args(st)
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--watch", type=float, nargs="?", const=2.0, default=None, metavar="SECONDS",
+                    help="refresh a live table every SECONDS (default 2) until Ctrl-C")
+    st.add_argument("--count", type=int, default=0, metavar="N", help="with --watch: stop after N refreshes (0: never)")
     st.add_argument("--authority", default=None, metavar="HEX",
                     help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
+
+    mo = sub.add_parser(
+        "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves)",
+        description=_wrap("Join the DHT as a client, look up the run's peers every --period seconds and serve one "
+        "self-contained HTML page (no scripts, nothing fetched from the internet): the peers by role with their "
+        "versions, lag, reward, held-out accuracy, rejections and bans; the samplers' lag histogram; each learner's "
+        "reward and accuracy per version since the monitor started. /state.json has the same as JSON."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_network_args(mo)
+    mo.add_argument("--http", required=True, metavar="HOST:PORT",
+                    help="address of the page, e.g. 127.0.0.1:8080 (0.0.0.0:8080 to show it to other machines)")
+    mo.add_argument("--period", type=float, default=5.0, metavar="SECONDS", help="seconds between look-ups (default 5)")
+    mo.add_argument("--authority", default=None, metavar="HEX",
+                    help="the run authority's public key (trust.authority): hide learners it does not authorize")
 
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
@@ -125,6 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     up.add_argument("--json", action="store_true", help="print the first learner's end-of-run summary as JSON")
+    up.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
+                    help="Prometheus metrics of every peer on 127.0.0.1: the bootstrap on PORT, the learners on PORT+1, "
+                    "..., then the samplers (default 0: off)")
     _add_config_args(up)
 
     cf = sub.add_parser("config", help="show the configuration keys (`p2prl config show`)")
@@ -286,6 +309,13 @@ def _add_experiment_parsers(sub) -> None:
                      help="dotted config overrides for every peer of every cell, e.g. train.steps=60")
 
 
+def _add_metrics_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics (net.metrics_port; default 0: off)")
+    p.add_argument("--metrics-host", default=None, metavar="HOST",
+                   help="address of the metrics endpoint (net.metrics_host; default 127.0.0.1: this machine only)")
+
+
 def _add_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
                    help="multiaddrs of bootstrap peers (full /ip4/.../tcp/.../p2p/<id> form); any reachable one suffices")
@@ -315,7 +345,9 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         ("net", "host_maddrs"): getattr(args, "host_maddrs", None),
         ("net", "announce_maddrs"): getattr(args, "announce_maddrs", None),
         ("net", "identity_path"): getattr(args, "identity_path", None),
-        ("trust", "authority"): getattr(args, "authority", None) if args.command == "status" else None,
+        ("net", "metrics_port"): getattr(args, "metrics_port", None) if args.command == "join" else None,
+        ("net", "metrics_host"): getattr(args, "metrics_host", None),
+        ("trust", "authority"): getattr(args, "authority", None) if args.command in ("status", "monitor") else None,
     }
     from pydantic import ValidationError
 
@@ -354,10 +386,13 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from p2prl.swarm.bootstrap import serve
 
     usable_file(args.identity_path, "--identity-path", read_only_if_exists=True)
+    if not 0 <= (args.metrics_port or 0) <= 65535:
+        raise _usage(f"--metrics-port {args.metrics_port}: not a TCP port (1-65535, or 0 for off)")
     return serve(
         host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs, identity_path=args.identity_path,
         initial_peers=args.initial_peers, loopback=args.loopback, maddrs_file=args.maddrs_file,
-        closed_network=args.closed_network,
+        closed_network=args.closed_network, metrics_port=args.metrics_port or 0,
+        metrics_host=args.metrics_host or "127.0.0.1",
     )
 
 
@@ -422,7 +457,25 @@ def _cmd_status(args: argparse.Namespace) -> int:
         raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
     from p2prl.swarm.status import show_status
 
-    return show_status(cfg, as_json=args.json)
+    if args.watch is not None and (args.json or args.watch <= 0 or args.count < 0):
+        raise _usage("--watch takes a positive number of seconds, a --count of 0 or more, and no --json")
+    return show_status(cfg, as_json=args.json, watch=args.watch, count=args.count)
+
+
+def _cmd_monitor(args: argparse.Namespace) -> int:
+    host, _, port = args.http.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise _usage(f"--http {args.http!r}: expected HOST:PORT, e.g. 127.0.0.1:8080")
+    if not 0.1 <= args.period <= 3600:
+        raise _usage("--period must be between 0.1 and 3600 seconds")
+    cfg = _load_config(args)
+    if not cfg.net.initial_peers:
+        raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
+    from p2prl.log import setup_logging
+    from p2prl.swarm.monitor import run_monitor
+
+    setup_logging("monitor")
+    return run_monitor(cfg, host.strip("[]"), int(port), args.period)
 
 
 def _cmd_swarm(args: argparse.Namespace) -> int:
@@ -431,8 +484,11 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
 
     if args.samplers < 1 or args.learners < 1:
         raise _usage("--samplers and --learners must be at least 1")
+    if args.metrics_port and not 0 < args.metrics_port <= 65535 - args.samplers - args.learners:
+        raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} must be TCP ports")
     return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
-                    progress=not args.no_progress, n_learners=args.learners, as_json=args.json)
+                    progress=not args.no_progress, n_learners=args.learners, as_json=args.json,
+                    metrics_port=args.metrics_port)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -600,13 +656,14 @@ def main(argv: list[str] | None = None) -> int:
     from p2prl.learner.checkpoint import CheckpointError
     from p2prl.config import ConfigError
     from p2prl.policy.model import PolicyLoadError
+    from p2prl.prom import MetricsError
     from p2prl.swarm.dht import BootstrapError
 
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
+                    "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
         return commands[args.command](args)
-    except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError) as e:
+    except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError) as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

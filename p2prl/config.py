@@ -175,6 +175,8 @@ class NetConfig(_Section):
     poll_s: float = Field(1.0, gt=0.01, le=600.0, description="Seconds between DHT look-ups of the latest policy / learners.")
     rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0, description="Timeout of one stream exchange with a peer.")
     bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
+    metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus metrics on this TCP port (http://metrics_host:port/metrics); 0 = off.")
+    metrics_host: str = Field("127.0.0.1", min_length=1, max_length=253, description="Address the metrics endpoint listens on; the default keeps it local: set 0.0.0.0 (or one interface) to let a Prometheus server elsewhere scrape it.")
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
 
 

@@ -37,7 +37,7 @@ def _raise_stopped(signum, _frame):
 
 
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
-             progress: bool = True, n_learners: int = 1, as_json: bool = False) -> int:
+             progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0) -> int:
     out = Path(cfg.train.out_dir)
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
@@ -46,6 +46,8 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.net.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
         overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + n_learners))}"]
+    # with metrics: the bootstrap on metrics_port, learners on the next ports, then the samplers
+    metrics = (lambda i: ["--metrics-port", str(metrics_port + i)]) if metrics_port else (lambda i: [])
     swarm = ProcessGroups(logs, grace_s=10.0)
     maddrs_file = logs / "bootstrap.maddrs"
     maddrs_file.unlink(missing_ok=True)
@@ -53,7 +55,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     try:
         boot = swarm.spawn("bootstrap", cli_command(
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
-            str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file)))
+            str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)))
         maddr = wait_for_file(maddrs_file, boot, 60, "the bootstrap").split()[0]
         print(f"bootstrap at {maddr}", flush=True)
         peers = ["--initial-peers", maddr]
@@ -61,12 +63,13 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         (logs / "learner.log").unlink(missing_ok=True)
         learner = swarm.spawn("learner", cli_command(
             "join", "--role", "learner", *common, *peers, *quiet, *(["--json"] if as_json else []),
-            "--log-file", str(logs / "learner.log"), *overrides, f"train.out_dir={out / 'learner'}"), log=False)
+            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"), log=False)
         for i in range(1, n_learners):
             swarm.spawn(f"learner{i}", cli_command("join", "--role", "learner", *common, *peers, "--no-progress",
-                                                   *overrides, f"train.out_dir={out / f'learner{i}'}"))
+                                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"))
         for i in range(n_samplers):
-            swarm.spawn(f"sampler{i}", cli_command("join", "--role", "sampler", *common, *peers, *overrides))
+            swarm.spawn(f"sampler{i}", cli_command("join", "--role", "sampler", *common, *peers,
+                                                   *metrics(1 + n_learners + i), *overrides))
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
         code = learner.wait()
         return code

@@ -31,12 +31,14 @@ import logging
 import math
 import threading
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from p2prl import prom
 from p2prl.algo.robust import Rule
 from p2prl.config import Config
 from p2prl.learner.checkpoint import save_checkpoint
@@ -109,6 +111,10 @@ class Learner:
         # log-prob spot checks on a scratch copy of the model, made before the training thread steps it
         self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out))
         self.throughput = 0.0
+        self.lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
+        self.reward: float | None = None  # mean reward of the last step's groups
+        self.acc: float | None = None  # held-out accuracy at the last evaluation (from start())
+        self.bytes_in = 0  # rollout records received
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
@@ -266,6 +272,8 @@ class Learner:
         """Apply the round; log, remember, evaluate, publish and checkpoint the new version."""
         t = self.cfg.train
         parent = self.latest.sha256
+        with self.lock:
+            self.lags.update(self.core.version - g.policy_version for g in batch)
         with self.step_lock:
             r.metrics.update(self.core.apply(r.grad))
             self.epoch += 1
@@ -290,6 +298,9 @@ class Learner:
         if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
             self.checkpoint()
         self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - r.started)
+        reward = r.metrics.get("rollout/reward")
+        if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound
+            self.reward = float(reward)
         self.log_metrics(v, r, batch)
 
     def log_metrics(self, v: int, r: Round, batch: list[RolloutGroup]) -> None:
@@ -319,6 +330,41 @@ class Learner:
         m.update({f"trust/refused_banned/{k}": n for k, n in rep["refused"].items()})
         m.update({f"trust/{k}": n for k, n in self.peer_limits.snapshot().items()})
         return m
+
+    def prometheus(self) -> list:
+        """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
+        with self.lock:
+            counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.bytes_in
+        by = prom.split_counts(counts)
+        groups = {("trained", ""): sum(lags.values())}
+        groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if k[0] != "dropped_stale"})
+        groups[("dropped", "stale")] = counts.get("dropped_stale", 0)
+        groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
+        trust = {**{f"trust/{k}": n for k, n in self.node.trust.counts.items()}, **self.trust_metrics(),
+                 **self.spot.metrics()}
+        return [
+            prom.info("learner", self.cfg.net.run_id, self.node.peer_id),
+            prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
+            prom.gauge("heldout_accuracy", "Held-out accuracy at the last evaluation", self.acc),
+            prom.gauge("reward_mean", "Mean reward of the groups of the last step", self.reward),
+            prom.gauge("throughput_groups_per_second", "Groups trained per second (moving average)", self.throughput),
+            prom.gauge("queue_depth", "Groups admitted and waiting to be trained", depth),
+            prom.gauge("learners", "Other learners of the run this learner knows", len(self.membership.others)),
+            prom.lag_histogram(lags, self.cfg.staleness.max_staleness),
+            prom.labelled("groups", "Groups by outcome (admitted, trained, dropped, rejected) and reason",
+                          ["outcome", "reason"], groups),
+            prom.labelled("rounds", "Gradient-round events by outcome and reason", ["outcome", "reason"],
+                          by.pop("round", {})),
+            prom.labelled("state_sync", "State loads from learners ahead, and their failures", ["outcome", "reason"],
+                          by.pop("sync", {})),
+            prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", self.store.bytes_served),
+            prom.counter("weights_uploads", "Policy-weight uploads to peers", self.store.uploads),
+            prom.counter("records_received_bytes", "Bytes of rollout records received", bytes_in),
+            prom.gauge("banned_peers", "Peers this learner bans now", trust.pop("trust/banned_peers")),
+            prom.labelled("trust_events", "Trust counters: bans, refused and limited streams, spot checks, "
+                          "rejected records of the run authority", ["event"], {(k,): v for k, v in trust.items()}),
+            prom.counter("dht_errors", "Failed DHT requests", self.node.dht_errors),
+        ]
 
     def finish(self) -> dict:
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
@@ -416,10 +462,11 @@ class Learner:
     def peer_record(self) -> PeerRecord:
         with self.lock:
             depth = len(self.buffer)
+            rejected = group_totals(self.counts, 0)["rejected"]
         bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
                           throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
-                          banned_ids=bans["banned_ids"])
+                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc)
 
     # ---- rollouts (stream handlers on the network loop; verification on the admission thread) ----
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:
@@ -464,6 +511,8 @@ class Learner:
     async def on_rollout(self, peer: str, reader, writer) -> None:
         try:
             data = await read_frame(reader, self.limits.max_bytes)
+            with self.lock:
+                self.bytes_in += len(data)
         except FrameError as e:
             with self.lock:
                 self.counts["rejected/oversized"] += 1
@@ -498,11 +547,13 @@ class Learner:
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
     node = SwarmNode(cfg.net, "learner", stop)
-    learner = None
+    learner = server = None
     try:
         learner = Learner(cfg, node)
+        server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
         return learner.run(stop, progress)
     finally:
+        prom.stop_metrics(server)
         if learner is not None:
             learner.close()
         node.shutdown()

@@ -20,6 +20,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 
+from p2prl import prom
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.policy import load_policy
@@ -236,8 +237,16 @@ class Sampler:
         if self.cfg.trust.authority:
             self.join_authority_run(stop)
         self.heartbeat()
-        wait_until(lambda: self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs(),
-                   f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop)
+        beat = [time.time()]
+
+        def learner_up():  # heartbeats go on while waiting: `p2prl status` shows a sampler waiting in a run nobody trains
+            if time.time() - beat[0] > self.cfg.net.heartbeat_s:
+                self.heartbeat()
+                beat[0] = time.time()
+            return self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs()
+
+        wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
+                   cap=min(10.0, self.cfg.net.heartbeat_s))
         check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
@@ -264,13 +273,36 @@ class Sampler:
                 self.deliver(p)
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
 
+    def prometheus(self) -> list:
+        """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
+        by = prom.split_counts(dict(self.counts))
+        return [
+            prom.info("sampler", self.cfg.net.run_id, self.node.peer_id),
+            prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
+            prom.counter("groups_made", "Groups generated", self.core.groups_made),
+            prom.gauge("outbox_groups", "Groups sent or waiting, not yet acknowledged as trained or dropped",
+                       len(self.outbox)),
+            prom.gauge("throughput_groups_per_second", "Groups generated per second (moving average)", self.throughput),
+            prom.gauge("learners", "Learners of the run this sampler knows", len(self.learners)),
+            prom.labelled("sampler_events", "Sends, acknowledgements and weight fetches by section, outcome and reason",
+                          ["section", "outcome", "reason"],
+                          {(sec, *k): n for sec, d in by.items() for k, n in d.items()}),
+            prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", self.store.bytes_served),
+            prom.labelled("trust_events", "Records refused for the run authority", ["event"],
+                          {(k,): n for k, n in self.node.trust.counts.items()}),
+            prom.counter("dht_errors", "Failed DHT requests", self.node.dht_errors),
+        ]
+
 
 def run_sampler(cfg: Config, stop: threading.Event) -> dict:
     node = SwarmNode(cfg.net, "sampler", stop)
+    server = None
     try:
         sampler = Sampler(cfg, node)  # loads the model: a bad path must still shut the node down
+        server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
         sampler.run(stop)
     finally:
+        prom.stop_metrics(server)
         node.shutdown()
     return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts,
             **node.trust.counts}

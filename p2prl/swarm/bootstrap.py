@@ -11,6 +11,7 @@ import os
 import tempfile
 from secrets import token_hex
 
+from p2prl import prom
 from p2prl.log import setup_logging
 from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
 
@@ -61,6 +62,7 @@ async def _status(_dht, node) -> int:
 def serve(
     *, host_maddrs: list[str], announce_maddrs: list[str], identity_path: str, initial_peers: list[str],
     loopback: bool, maddrs_file: str | None, status_period_s: float = STATUS_PERIOD_S, closed_network: bool = False,
+    metrics_port: int = 0, metrics_host: str = "127.0.0.1",
 ) -> int:
     setup_logging("bootstrap")
     stop = stop_on_signals()  # before the DHT starts, so a signal during start-up still ends cleanly
@@ -71,7 +73,13 @@ def serve(
         loopback=loopback, identity_path=identity_path, closed_network=closed_network,
     )
 
+    table = {"peers": None}
+    server = None
     try:
+        server = prom.serve_metrics(metrics_port, metrics_host, lambda: [
+            prom.info("bootstrap", "", dht.peer_id.to_base58()),
+            prom.gauge("dht_peers", "Peers in this node's DHT routing table at the last status check", table["peers"]),
+        ])
         maddrs = [str(m) for m in dht.get_visible_maddrs()]
         log.info("bootstrap node is up; publish one of these multiaddrs (joiners use --initial-peers MADDR):")
         print("\n".join(maddrs), flush=True)
@@ -82,11 +90,13 @@ def serve(
                 log.error("the DHT process died; exiting")
                 return 1
             try:
-                log.info("%d DHT peer(s) in the routing table (plus this node)", dht.run_coroutine(_status))
+                table["peers"] = dht.run_coroutine(_status)
+                log.info("%d DHT peer(s) in the routing table (plus this node)", table["peers"])
             except Exception as e:
                 log.warning("status check failed: %s: %s", type(e).__name__, e)
             stop.wait(status_period_s)
         return 0
     finally:
+        prom.stop_metrics(server)
         shutdown_dht(dht)
         log.info("DHT node stopped")

@@ -141,6 +141,22 @@ class PeerRecord(_Record):
     updated: float
     banned: int = Field(0, ge=0, le=10**9, description="learners: peers banned now (reputation.py)")
     banned_ids: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=8, description="learners: the latest of them")
+    rejected: int = Field(0, ge=0, le=10**12, description="learners: groups rejected so far (every reason)")
+    reward: float | None = Field(None, ge=-1e6, le=1e6, description="learners: mean reward of the last step's groups")
+    acc: float | None = Field(None, ge=0.0, le=1.0, description="learners: held-out accuracy at the last evaluation")
+
+
+RUNS_KEY = "p2prl/runs"  # outside every run's namespace (a run id holds no "/"): who runs what, across runs
+
+
+class RunAnnouncement(_Record):
+    """Under ``RUNS_KEY``, subkey = peer id: the run a peer works in, so that ``p2prl status`` of one run
+    sees peers of another (a peer waiting under a wrong run id, say)."""
+
+    MAX_BYTES: ClassVar[int] = 512
+    run_id: str = Field(max_length=64)
+    role: Literal["sampler", "learner", "bootstrap"]
+    updated: float
 
 
 def new_record(role: str, run_id: str, peer_id: str, **fields) -> PeerRecord:

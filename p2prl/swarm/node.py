@@ -20,7 +20,7 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, key, shutdown_dht, start_dht
+from p2prl.swarm.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, shutdown_dht, start_dht
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.reputation import Reputation
 
@@ -194,7 +194,15 @@ class SwarmNode:
         return 3 * self.cfg.heartbeat_s
 
     def announce(self, record: PeerRecord) -> bool:
+        """Our peer record in the run, and our run under ``RUNS_KEY`` (seen by ``p2prl status`` of other runs)."""
+        self._store(RUNS_KEY, self.peer_id, RunAnnouncement(run_id=record.run_id, role=record.role,
+                                                      updated=record.updated).encode(), self.ttl)
         return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)
+
+    def runs(self) -> dict[str, RunAnnouncement]:
+        """Peer id -> the run it announced (every run, this one included); invalid records are left out."""
+        recs = {p: RunAnnouncement.decode(v) for p, v in self._get_dict(RUNS_KEY).items()}
+        return {p: r for p, r in recs.items() if r is not None}
 
     def peers(self, role: str | None = None) -> list[PeerRecord]:
         """Live peers of this run (records that parse, match the run and their subkey); learners only if authorized."""

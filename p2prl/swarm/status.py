@@ -1,25 +1,26 @@
-"""``p2prl status``: the live peers of a run, as a table or JSON."""
+"""``p2prl status``: the live peers of a run, as a table or JSON; ``--watch`` refreshes the table in place.
+
+Peers of other runs seen in the DHT (every peer announces its run under ``RUNS_KEY``) are listed
+with their run id, e.g. a sampler that waits under a mistyped ``--run-id``.
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 
 from p2prl.config import Config
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.node import SwarmNode
 
 
-def show_status(cfg: Config, as_json: bool = False) -> int:
-    cfg.net.client_mode = True
-    node = SwarmNode(cfg.net, "status")
-    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
-    try:
-        node.refresh_trust()
-        peers = node.peers()
-        latest = node.latest_policy()
-    finally:
-        node.shutdown()
+def snapshot(node: SwarmNode, run_id: str) -> dict:
+    """The run's live peers (rows), its latest version and the other runs' peers by role, from the DHT."""
+    node.refresh_trust()
+    peers = node.peers()
+    latest = node.latest_policy()
+    runs = node.runs()
     version = latest[1].version if latest else None
     now = time.time()
     rows = [
@@ -28,29 +29,98 @@ def show_status(cfg: Config, as_json: bool = False) -> int:
             "lag": None if version is None else version - p.policy_version,
             "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
-            "banned": p.banned, "banned_ids": p.banned_ids,
+            "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
-    if as_json:
-        trust = {"authority": cfg.trust.authority or None,
-                 "learners": len(node.trust.record.learners) if node.trust.record else None}
-        print(json.dumps({"run_id": cfg.net.run_id, "policy_version": version, "trust": trust, "peers": rows}, indent=1))
-        return 0
-    from rich.console import Console
+    others: dict[str, Counter] = {}
+    for r in runs.values():
+        if r.run_id != run_id:
+            others.setdefault(r.run_id, Counter())[r.role] += 1
+    return {"run_id": run_id, "policy_version": version, "peers": rows,
+            "other_runs": {k: dict(v) for k, v in sorted(others.items())}}
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def render(snap: dict):
+    """The status of ``snap`` as one rich renderable: the peers table, other runs, bans."""
+    from rich import box
+    from rich.console import Group
     from rich.table import Table
 
-    table = Table(title=f"run {cfg.net.run_id!r}: policy version {version if version is not None else '-'}")
-    for col in ("role", "peer", "version", "lag", "groups/s", "queue", "banned", "last seen"):
-        table.add_column(col, justify="left" if col in ("role", "peer") else "right")
-    for r in rows:
+    v = snap["policy_version"]
+    table = Table(title=f"run {snap['run_id']!r}: policy version {v if v is not None else '-'}", box=box.SIMPLE_HEAD,
+                  padding=(0, 1, 0, 0), pad_edge=False)
+    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", "seen"):
+        left = col in ("role", "peer")  # never cut: a narrow terminal shrinks the numbers instead
+        table.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=11 if col == "peer" else None)
+    for r in snap["peers"]:
+        learner = r["role"] == "learner"
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
-                      f"{r['throughput']:.2f}", str(r["queue_depth"]),
-                      str(r["banned"]) if r["role"] == "learner" else "", f"{r['last_seen_s']:.0f} s ago")
-    console = Console()
-    console.print(table if rows else f"no live peers in run {cfg.net.run_id!r}")
-    for r in rows:  # the peers each learner bans now (its latest few), by full id so they can be looked up
+                      _num(r["reward"], ".3f") if learner else "", _num(r["acc"], ".3f") if learner else "",
+                      f"{r['throughput']:.2f}", str(r["queue_depth"]), str(r["banned"]) if learner else "",
+                      f"{r['last_seen_s']:.0f}s")
+    parts = [table if snap["peers"] else f"no live peers in run {snap['run_id']!r}"]
+    for run, roles in snap["other_runs"].items():  # peers that announce another run id (a typo?)
+        parts.append(f"run {run!r} (other run): " + ", ".join(f"{n} {role}" + "s" * (n > 1)
+                                                               for role, n in sorted(roles.items())))
+    for r in snap["peers"]:  # the peers each learner bans now (its latest few), by full id so they can be looked up
         if r["banned_ids"]:
-            console.print(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
+            parts.append(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
+    return Group(*parts)
+
+
+def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0) -> int:
+    """Print the status once; with ``watch``, refresh it every ``watch`` seconds (``count`` times, 0 = until Ctrl-C)."""
+    cfg.net.client_mode = True
+    node = SwarmNode(cfg.net, "status")
+    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    try:
+        if watch is not None:
+            return _watch(node, cfg.net.run_id, watch, count)
+        snap = snapshot(node, cfg.net.run_id)
+    finally:
+        node.shutdown()
+    if as_json:
+        snap["trust"] = {"authority": cfg.trust.authority or None,
+                         "learners": len(node.trust.record.learners) if node.trust.record else None}
+        print(json.dumps(snap, indent=1))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    console.print(render(snap))
     console.print(node.trust.describe())
     return 0
+
+
+def _watch(node: SwarmNode, run_id: str, period_s: float, count: int) -> int:
+    """A live table on a terminal; elsewhere (a pipe, a file) one table per refresh, appended."""
+    from rich.console import Console, Group
+    from rich.live import Live
+
+    console = Console()
+    live = Live(console=console, auto_refresh=False) if console.is_terminal else None
+    n = 0
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            snap = snapshot(node, run_id)
+            n += 1
+            view = Group(render(snap), f"{time.strftime('%H:%M:%S')}: refreshed every {period_s:g} s; Ctrl-C to stop")
+            if live is not None:
+                live.update(view, refresh=True)
+            else:
+                console.print(view)
+            if count and n >= count:
+                return 0
+            time.sleep(period_s)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        if live is not None:
+            live.stop()

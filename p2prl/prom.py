@@ -1,0 +1,110 @@
+"""Prometheus metrics of a peer (``net.metrics_port``): a collector that reads the peer's own counters at scrape time.
+
+Nothing is counted twice: each role hands ``serve_metrics`` a function that snapshots the
+counters it already keeps (under its locks) and turns them into metric families here.
+Every family is prefixed ``p2prl_``; ``p2prl_info`` names the role, run, peer and software.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from p2prl import PROTOCOL_VERSION, __version__
+
+log = logging.getLogger("p2prl.prom")
+
+
+class MetricsError(RuntimeError):
+    """The metrics endpoint could not be opened; the message names the setting."""
+
+
+class _Snapshot(Collector):
+    def __init__(self, collect: Callable[[], Iterable[Metric]]):
+        self._collect = collect
+
+    def collect(self) -> Iterable[Metric]:
+        try:
+            return list(self._collect())
+        except Exception as e:  # a scrape never takes the peer down
+            log.warning("metrics scrape failed: %s: %s", type(e).__name__, e)
+            return []
+
+
+def registry_of(collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(_Snapshot(collect))
+    return reg
+
+
+def serve_metrics(port: int, host: str, collect: Callable[[], Iterable[Metric]]):
+    """Serve ``collect``'s families on http://host:port/metrics; None when ``port`` is 0. Returns the server
+    (``.shutdown()`` it); a port in use raises ``MetricsError``."""
+    if not port:
+        return None
+    try:
+        server, _thread = start_http_server(port, addr=host, registry=registry_of(collect))
+    except OSError as e:
+        raise MetricsError(f"cannot serve metrics on {host}:{port} (net.metrics_port / --metrics-port): {e}") from None
+    log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+    return server
+
+
+def stop_metrics(server) -> None:
+    if server is not None:
+        server.shutdown()
+        server.server_close()
+
+
+# ---- families --------------------------------------------------------------------------------
+def info(role: str, run_id: str, peer_id: str) -> Metric:
+    g = GaugeMetricFamily("p2prl_info", "This peer: role, run, peer id, software and protocol version",
+                          labels=["role", "run_id", "peer_id", "software", "protocol"])
+    g.add_metric([role, run_id, peer_id, __version__, str(PROTOCOL_VERSION)], 1)
+    return g
+
+
+def gauge(name: str, doc: str, value: float | None) -> Metric:
+    g = GaugeMetricFamily(f"p2prl_{name}", doc)
+    if value is not None:
+        g.add_metric([], float(value))
+    return g
+
+
+def counter(name: str, doc: str, value: float) -> Metric:
+    return CounterMetricFamily(f"p2prl_{name}", doc, value=float(value))
+
+
+def labelled(name: str, doc: str, labels: list[str], values: Mapping[tuple, float], kind: str = "counter") -> Metric:
+    family = (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(f"p2prl_{name}", doc, labels=labels)
+    for key, v in sorted(values.items()):
+        family.add_metric(list(key), float(v))
+    return family
+
+
+def lag_histogram(lags: Mapping[int, int], max_lag: int) -> Metric:
+    """Policy-version lag of trained groups (version trained at minus version generated with), buckets 0..max_lag."""
+    bounds = list(range(max_lag + 1))
+    cumulative, total = [], 0
+    for b in bounds:
+        total += sum(n for lag, n in lags.items() if lag == b or (b == 0 and lag < 0))
+        cumulative.append((str(float(b)), total))
+    count = sum(lags.values())
+    cumulative.append(("+Inf", count))
+    return HistogramMetricFamily("p2prl_group_lag_versions", "Policy-version lag of the groups this learner trained",
+                                 buckets=cumulative, sum_value=float(sum(max(0, lag) * n for lag, n in lags.items())))
+
+
+def split_counts(counts: Mapping[str, float]) -> dict[str, dict[tuple, float]]:
+    """A ``section/outcome[/reason]`` counts dict by section: {"round": {("no_round", ""): 3}, ...};
+    keys without a section go under ``""``."""
+    out: dict[str, dict[tuple, float]] = {}
+    for k, v in counts.items():
+        parts = k.split("/", 2) if "/" in k else ["", k]
+        section, outcome, reason = (parts + [""])[:3]
+        out.setdefault(section, {})[(outcome, reason)] = v
+    return out

@@ -1,0 +1,252 @@
+"""``p2prl monitor --http HOST:PORT``: a swarm health page, fed from the DHT.
+
+A poll thread reads the run's peer records every ``period`` seconds (``status.snapshot``)
+and keeps, per learner, the reward and held-out accuracy it announced at each version
+(bounded). The page is one self-contained HTML document, refreshed by the browser: a
+table of the peers by role (version, lag, reward, accuracy, rejections, bans), the lag
+histogram and the reward / accuracy curves as inline SVG drawn here, so it needs no
+script and nothing from the internet (peers may be offline).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+log = logging.getLogger("p2prl.monitor")
+
+MAX_LEARNERS = 64  # curves kept (the most recently seen learners)
+MAX_POINTS = 2000  # versions kept per learner
+COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2"]
+
+
+class History:
+    """Per learner: (version, reward, accuracy) at each version it announced, oldest first, bounded."""
+
+    def __init__(self):
+        self.curves: dict[str, deque] = {}
+
+    def add(self, snap: dict) -> None:
+        for r in snap["peers"]:
+            if r["role"] != "learner":
+                continue
+            curve = self.curves.pop(r["peer_id"], None) or deque(maxlen=MAX_POINTS)
+            self.curves[r["peer_id"]] = curve  # most recently seen last
+            point = (r["policy_version"], r["reward"], r["acc"])
+            if not curve or curve[-1][0] != point[0]:
+                curve.append(point)
+            elif curve[-1] != point:  # the same version, figures filled in since
+                curve[-1] = point
+        while len(self.curves) > MAX_LEARNERS:
+            self.curves.pop(next(iter(self.curves)))
+
+
+# ---- SVG -------------------------------------------------------------------------------------
+W, H, PAD = 420, 180, 32
+
+
+def _frame(title: str, body: list[str], x_label: str) -> str:
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" '
+            f'role="img" aria-label="{html.escape(title)}" class="plot">'
+            f'<text x="{W / 2}" y="14" text-anchor="middle" font-size="12">{html.escape(title)}</text>'
+            f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - 8}" y2="{H - PAD}" stroke="#888"/>'
+            f'<line x1="{PAD}" y1="22" x2="{PAD}" y2="{H - PAD}" stroke="#888"/>'
+            f'<text x="{W / 2}" y="{H - 6}" text-anchor="middle" font-size="11">{html.escape(x_label)}</text>'
+            + "".join(body) + "</svg>")
+
+
+def svg_bars(counts: dict[int, int], title: str, x_label: str) -> str:
+    """A bar per key (sorted), height = count."""
+    if not counts:
+        return _frame(title, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle" font-size="11">no data yet</text>'],
+                      x_label)
+    keys = list(range(min(counts), max(counts) + 1))
+    top, slot = max(counts.values()), (W - PAD - 16) / len(keys)
+    body = []
+    for i, k in enumerate(keys):
+        n = counts.get(k, 0)
+        h = (H - PAD - 30) * n / top
+        x = PAD + 4 + i * slot
+        body.append(f'<rect class="bar" x="{x:.1f}" y="{H - PAD - h:.1f}" width="{max(1.0, slot - 4):.1f}" '
+                    f'height="{h:.1f}" fill="#1f77b4"><title>{k}: {n}</title></rect>'
+                    f'<text x="{x + slot / 2 - 2:.1f}" y="{H - PAD + 12}" text-anchor="middle" font-size="10">{k}</text>')
+    body.append(f'<text x="{PAD - 4}" y="30" text-anchor="end" font-size="10">{top}</text>')
+    return _frame(title, body, x_label)
+
+
+def svg_lines(series: dict[str, list[tuple[float, float]]], title: str, x_label: str,
+              y_range: tuple[float, float] | None = None) -> str:
+    """One polyline with a circle per point for each named series of (x, y) points."""
+    pts = [p for s in series.values() for p in s]
+    if not pts:
+        return _frame(title, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle" font-size="11">no data yet</text>'],
+                      x_label)
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = y_range or (min(p[1] for p in pts), max(p[1] for p in pts))
+    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    sx = lambda x: PAD + 4 + (W - PAD - 16) * (x - x0) / (x1 - x0)  # noqa: E731
+    sy = lambda y: H - PAD - (H - PAD - 30) * (y - y0) / (y1 - y0)  # noqa: E731
+    body = [f'<text x="{PAD - 4}" y="30" text-anchor="end" font-size="10">{y1:.3g}</text>',
+            f'<text x="{PAD - 4}" y="{H - PAD}" text-anchor="end" font-size="10">{y0:.3g}</text>',
+            f'<text x="{PAD}" y="{H - PAD + 12}" font-size="10">{x0:g}</text>',
+            f'<text x="{W - 8}" y="{H - PAD + 12}" text-anchor="end" font-size="10">{x1:g}</text>']
+    for i, (name, s) in enumerate(series.items()):
+        color = COLORS[i % len(COLORS)]
+        xy = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
+        body.append(f'<polyline points="{xy}" fill="none" stroke="{color}" stroke-width="1.5"/>')
+        body += [f'<circle class="point" cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="2.5" fill="{color}">'
+                 f'<title>{html.escape(name)} v{x:g}: {y:.3f}</title></circle>' for x, y in s]
+    return _frame(title, body, x_label)
+
+
+# ---- the page --------------------------------------------------------------------------------
+STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}
+td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td.l,th.l{text-align:left}
+.plots{display:flex;flex-wrap:wrap;gap:1em}.dim{color:#888}h2{font-size:1.1em;margin-top:1.2em}"""
+
+
+def _fmt(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def render_page(snap: dict | None, history: History, refresh_s: float, error: str = "") -> str:
+    """The whole health page for ``snap`` (``status.snapshot``) and the curves in ``history``."""
+    e = html.escape
+    head = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s:g}">'
+            f"<title>p2prl swarm</title><style>{STYLE}</style></head><body>")
+    if snap is None:
+        return head + f"<h1>p2prl swarm</h1><p>waiting for the first look-up{': ' + e(error) if error else ''}</p></body></html>"
+    v = snap["policy_version"]
+    roles = Counter(r["role"] for r in snap["peers"])
+    out = [head, f'<h1>run <span id="run">{e(snap["run_id"])}</span>: policy version '
+           f'<span id="version">{v if v is not None else "-"}</span></h1>',
+           "<p>" + ", ".join(f"{n} {role}{'s' * (n > 1)}" for role, n in sorted(roles.items())) if roles
+           else "<p>no live peers", f' <span class="dim">(updated {time.strftime("%H:%M:%S", time.localtime(snap["time"]))}'
+           f'{"; last look-up failed: " + e(error) if error else ""})</span></p>']
+    out.append('<h2>Peers</h2><table id="peers"><tr><th class="l">role</th><th class="l">peer</th><th>version</th>'
+               "<th>lag</th><th>reward</th><th>accuracy</th><th>groups/s</th><th>queue</th><th>rejected</th>"
+               "<th>banned</th><th>last seen</th></tr>")
+    for r in snap["peers"]:
+        learner = r["role"] == "learner"
+        cells = [r["policy_version"], _fmt(r["lag"], "d"), _fmt(r["reward"], ".3f") if learner else "",
+                 _fmt(r["acc"], ".3f") if learner else "", f"{r['throughput']:.2f}", r["queue_depth"],
+                 r["rejected"] if learner else "", r["banned"] if learner else "", f"{r['last_seen_s']:.0f} s"]
+        out.append(f'<tr class="peer {e(r["role"])}"><td class="l">{e(r["role"])}</td>'
+                   f'<td class="l peer-id" title="{e(r["peer_id"])}">{e(r["peer_id"])}</td>'
+                   + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
+    out.append("</table>")
+    if snap["other_runs"]:
+        out.append('<h2>Other runs in this DHT</h2><table id="other-runs"><tr><th class="l">run</th><th class="l">peers</th></tr>')
+        for run, n in snap["other_runs"].items():
+            peers = ", ".join(f"{k} {role}{'s' * (k > 1)}" for role, k in sorted(n.items()))
+            out.append(f'<tr><td class="l">{e(run)}</td><td class="l">{e(peers)}</td></tr>')
+        out.append("</table>")
+    lags = Counter(r["lag"] for r in snap["peers"] if r["lag"] is not None and r["role"] == "sampler")
+    curves = {p[-6:]: list(c) for p, c in history.curves.items()}
+    reward = {n: [(x, r) for x, r, _ in c if r is not None] for n, c in curves.items()}
+    acc = {n: [(x, a) for x, _, a in c if a is not None] for n, c in curves.items()}
+    out.append('<h2>Health</h2><div class="plots">'
+               + svg_bars(dict(lags), "samplers by version lag", "versions behind the latest")
+               + svg_lines({n: s for n, s in reward.items() if s}, "reward (learners, per version)", "version")
+               + svg_lines({n: s for n, s in acc.items() if s}, "held-out accuracy (learners)", "version", (0.0, 1.0))
+               + "</div>")
+    bans = [r for r in snap["peers"] if r["banned_ids"]]
+    if bans:
+        out.append("<h2>Bans</h2><ul>" + "".join(f"<li>learner {e(r['peer_id'][-10:])} bans {r['banned']}: "
+                                               f"{e(', '.join(r['banned_ids']))}</li>" for r in bans) + "</ul>")
+    out.append("</body></html>")
+    return "".join(out)
+
+
+# ---- the server ------------------------------------------------------------------------------
+class Monitor:
+    """Polls the DHT in a thread; serves the page at ``/`` and the last snapshot at ``/state.json``."""
+
+    def __init__(self, node, run_id: str, period_s: float):
+        self.node, self.run_id, self.period_s = node, run_id, period_s
+        self.history = History()
+        self.snap: dict | None = None
+        self.error = ""
+        self.lock = threading.Lock()
+
+    def poll(self) -> None:
+        from p2prl.swarm.status import snapshot
+
+        try:
+            snap = snapshot(self.node, self.run_id)
+            snap["time"] = time.time()
+        except Exception as e:  # a failed look-up shows on the page; the last good snapshot stays
+            with self.lock:
+                self.error = f"{type(e).__name__}: {e}"
+            log.warning("DHT look-up failed: %s", self.error)
+            return
+        with self.lock:
+            self.history.add(snap)
+            self.snap, self.error = snap, ""
+
+    def page(self) -> str:
+        with self.lock:
+            return render_page(self.snap, self.history, max(1.0, self.period_s), self.error)
+
+    def state(self) -> str:
+        with self.lock:
+            return json.dumps({"snapshot": self.snap, "curves": {p: list(c) for p, c in self.history.curves.items()}})
+
+    def serve(self, host: str, port: int, stop: threading.Event) -> None:
+        monitor = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                path = self.path.split("?")[0]
+                if path not in ("/", "/state.json"):
+                    self.send_error(404)
+                    return
+                body = (monitor.page() if path == "/" else monitor.state()).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/html; charset=utf-8" if path == "/" else "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.send_header("Cache-Control", "no-store")
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt, *args):
+                log.debug("%s " + fmt, self.client_address[0], *args)
+
+        try:
+            server = ThreadingHTTPServer((host, port), Handler)
+        except OSError as e:
+            from p2prl.config import ConfigError
+
+            raise ConfigError(f"--http {host}:{port}: cannot listen there: {e}") from None
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, name="p2prl-monitor-http", daemon=True).start()
+        log.info("swarm health page of run %r on http://%s:%d/", self.run_id, host, server.server_address[1])
+        print(f"http://{host}:{server.server_address[1]}/", flush=True)
+        try:
+            while not stop.is_set():
+                self.poll()
+                stop.wait(self.period_s)
+        finally:
+            server.shutdown()
+            server.server_close()
+
+
+def run_monitor(cfg, host: str, port: int, period_s: float) -> int:
+    from p2prl.swarm.authority import Trust
+    from p2prl.swarm.dht import stop_on_signals
+    from p2prl.swarm.node import SwarmNode
+
+    stop = stop_on_signals()
+    cfg.net.client_mode = True
+    node = SwarmNode(cfg.net, "monitor", stop)
+    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    try:
+        Monitor(node, cfg.net.run_id, period_s).serve(host, port, stop)
+    finally:
+        node.shutdown()
+    return 0
