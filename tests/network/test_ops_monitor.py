@@ -58,7 +58,7 @@ def test_monitor_page_in_headless_chromium_matches_the_live_swarm(peers, tmp_pat
     assert rows[lid][0] == "learner" and rows[sid][0] == "sampler"
     shown = int(rows[lid][2])
     assert learner["p2prl_policy_version"] - 2 <= shown <= learner_after["p2prl_policy_version"], (shown, learner)
-    assert f'<span id="version">' in dom and "1 learner, 1 sampler" in dom
+    assert '<span id="version">' in dom and "1 learner, 1 sampler" in dom
     points = re.findall(r'<circle class="point"', dom)
     assert len(points) >= 4, dom[-3000:]  # reward and accuracy: at least two versions each
     assert dom.count('class="bar"') >= 1  # the sampler's lag
