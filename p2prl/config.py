@@ -175,6 +175,7 @@ class NetConfig(_Section):
     poll_s: float = Field(1.0, gt=0.01, le=600.0, description="Seconds between DHT look-ups of the latest policy / learners.")
     rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0, description="Timeout of one stream exchange with a peer.")
     bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
+    initial_peers_file: str = Field("", description="A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its bootstrap (`p2prl swarm up` does).")
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
 
 
