@@ -2,8 +2,8 @@
 
 All of them start at once: a peer loads its model while the bootstrap starts, then joins the
 DHT through the multiaddrs the bootstrap writes to ``<out_dir>/logs/bootstrap.maddrs`` once
-it is up (``net.initial_peers_file``). Every child runs in its own session (process group) and is stopped by group
-(``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
+it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
+and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
 this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind.
 Every peer's log goes to ``<out_dir>/logs/``; the first learner works in
