@@ -104,7 +104,7 @@ def run_swarm_once(out: Path, samplers: int, overrides: list[str], log_path: Pat
     r = summarize(f"p2prl swarm up --samplers {samplers}", read_lines(d / "metrics.jsonl"), swarm_base(d), t0,
                   "finished" if code == 0 else "stopped")
     # start-up phases: the bootstrap's maddrs file appears when it is up; the learner logs (to the second)
-    # when it serves version 0, after its DHT join, model load and base evaluation
+    # when it serves version 0, after its model load, DHT join and base evaluation
     maddrs = out / "logs" / "bootstrap.maddrs"
     r["boot_up"] = maddrs.stat().st_mtime - t0 if maddrs.exists() else None
     m = re.search(r"^(\d\d):(\d\d):(\d\d) INFO \[learner\].*serving run", log_path.read_text(errors="replace"), re.M)
@@ -140,6 +140,7 @@ def main() -> None:
     for i in range(a.repeats):
         order += ["train", "swarm"] if i % 2 == 0 else ["swarm", "train"]
     results = []
+    load_before = os.getloadavg()[0]  # the machine may be shared: the load says how noisy the times are
     with tempfile.TemporaryDirectory(prefix="p2prl-svt-") as tmp:
         for i, kind in enumerate(order):
             out, log = Path(tmp) / f"{kind}{i}", Path(tmp) / f"{kind}{i}.log"
@@ -180,9 +181,12 @@ def main() -> None:
         f"{' and ' + ' '.join(a.overrides) if a.overrides else ''}. The swarm's learner, {a.samplers} samplers and the "
         "bootstrap are separate processes (each sampler and the learner load the model, each peer runs a hivemind DHT "
         "process and a p2pd) sharing the same cores; the single process runs one sampler half and one learner half."
-        f"\n\nSwarm start-up, from the `swarm up` command: {startup}. `swarm up` starts the learner and samplers only "
-        "once the bootstrap is up; the learner then joins the DHT, loads the model and evaluates the base accuracy "
-        "before it publishes version 0, while the samplers start (torch, DHT, p2pd) on the same cores."
+        f"\n\nSwarm start-up, from the `swarm up` command: {startup}. `swarm up` starts the bootstrap, the learner and "
+        "the samplers at once; each peer imports and loads the model while the bootstrap starts, then joins the DHT "
+        "through the multiaddrs the bootstrap writes to a file once it is up (`net.initial_peers_file`); the learner "
+        "publishes version 0 before it evaluates the base accuracy, so the samplers generate meanwhile. Every peer "
+        "still imports torch, transformers and hivemind and starts a DHT process and a p2pd, on the same cores."
+        f" Machine load (1-minute average) before the runs: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}."
     )
     print(body)
     shown = " ".join(["python benchmarks/swarm_vs_train.py"] + (["--samplers", str(a.samplers)] if a.samplers != 2 else [])

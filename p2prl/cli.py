@@ -410,7 +410,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    if args.role == "sampler" and not cfg.net.initial_peers:
+    if args.role == "sampler" and not (cfg.net.initial_peers or cfg.net.initial_peers_file):
         raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
                      "(the multiaddrs that `p2prl bootstrap` prints)")
     if args.role == "learner" and cfg.net.client_mode:

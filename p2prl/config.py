@@ -177,6 +177,7 @@ class NetConfig(_Section):
     bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus metrics on this TCP port (http://metrics_host:port/metrics); 0 = off.")
     metrics_host: str = Field("127.0.0.1", min_length=1, max_length=253, description="Address the metrics endpoint listens on; the default keeps it local: set 0.0.0.0 (or one interface) to let a Prometheus server elsewhere scrape it.")
+    initial_peers_file: str = Field("", description="A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its bootstrap (`p2prl swarm up` does).")
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
 
 

@@ -1,7 +1,9 @@
 """``p2prl swarm up``: a bootstrap, N samplers and M learners as separate processes on 127.0.0.1.
 
-Every child runs in its own session (process group) and is stopped by group
-(``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
+All of them start at once: a peer loads its model while the bootstrap starts, then joins the
+DHT through the multiaddrs the bootstrap writes to ``<out_dir>/logs/bootstrap.maddrs`` once
+it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
+and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
 this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind.
 Every peer's log goes to ``<out_dir>/logs/``; the first learner works in
@@ -22,6 +24,7 @@ from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+BOOTSTRAP_TIMEOUT_S = 60
 
 
 class Stopped(Exception):
@@ -56,21 +59,24 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         boot = swarm.spawn("bootstrap", cli_command(
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
             str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)))
-        maddr = wait_for_file(maddrs_file, boot, 60, "the bootstrap").split()[0]
-        print(f"bootstrap at {maddr}", flush=True)
-        peers = ["--initial-peers", maddr]
+        # the peers start at once: they import and load the model while the bootstrap starts, and join
+        # the DHT through the multiaddr it writes to maddrs_file once it is up
+        overrides = [f"net.initial_peers_file={maddrs_file}", f"net.bootstrap_timeout_s={BOOTSTRAP_TIMEOUT_S}",
+                     *overrides]
         quiet = [] if progress else ["--no-progress"]
         (logs / "learner.log").unlink(missing_ok=True)
         learner = swarm.spawn("learner", cli_command(
-            "join", "--role", "learner", *common, *peers, *quiet, *(["--json"] if as_json else []),
+            "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
             "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"), log=False)
         for i in range(1, n_learners):
-            swarm.spawn(f"learner{i}", cli_command("join", "--role", "learner", *common, *peers, "--no-progress",
+            swarm.spawn(f"learner{i}", cli_command("join", "--role", "learner", *common, "--no-progress",
                                                    *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"))
         for i in range(n_samplers):
-            swarm.spawn(f"sampler{i}", cli_command("join", "--role", "sampler", *common, *peers,
+            swarm.spawn(f"sampler{i}", cli_command("join", "--role", "sampler", *common,
                                                    *metrics(1 + n_learners + i), *overrides))
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
+        maddr = wait_for_file(maddrs_file, boot, BOOTSTRAP_TIMEOUT_S, "the bootstrap").split()[0]
+        print(f"bootstrap at {maddr}", flush=True)
         code = learner.wait()
         return code
     except (KeyboardInterrupt, Stopped) as e:

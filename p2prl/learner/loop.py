@@ -42,7 +42,7 @@ from p2prl import prom
 from p2prl.algo.robust import Rule
 from p2prl.config import Config
 from p2prl.learner.checkpoint import save_checkpoint
-from p2prl.learner.core import progress_line, resume_learner
+from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
@@ -86,11 +86,12 @@ def truncate_log(path: Path, version: int) -> list[dict]:
 
 
 class Learner:
-    def __init__(self, cfg: Config, node: SwarmNode):
+    def __init__(self, cfg: Config, node: SwarmNode, resumed: tuple[LearnerCore, dict] | None = None):
+        """``resumed``: ``resume_learner``'s result when the caller loaded the model before joining the DHT."""
         self.cfg, self.node = cfg, node
         self.out = Path(cfg.train.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.core, saved = resume_learner(cfg, self.out)
+        self.core, saved = resumed or resume_learner(cfg, self.out)
         s = cfg.sampling
         self.task = make_task(cfg.task)
         # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
@@ -546,10 +547,12 @@ class Learner:
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
+    # the model loads first: a bootstrap started together with this peer comes up meanwhile
+    resumed = resume_learner(cfg, Path(cfg.train.out_dir))
     node = SwarmNode(cfg.net, "learner", stop)
     learner = server = None
     try:
-        learner = Learner(cfg, node)
+        learner = Learner(cfg, node, resumed)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
         return learner.run(stop, progress)
     finally:

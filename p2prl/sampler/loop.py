@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from p2prl import prom
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
-from p2prl.policy import load_policy
+from p2prl.policy import Policy, load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
@@ -39,6 +39,7 @@ from p2prl.tasks import make_task
 log = logging.getLogger("p2prl.sampler.core")
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+START_POLL_CAP_S = 0.5  # longest pause between look-ups for the first policy (DHT look-ups are cheap; start-up counts)
 
 
 @dataclass
@@ -59,10 +60,11 @@ def pick_learner(learners: list[PeerRecord]) -> str | None:
 
 
 class Sampler:
-    def __init__(self, cfg: Config, node: SwarmNode):
+    def __init__(self, cfg: Config, node: SwarmNode, policy: Policy | None = None):
+        """``policy``: the model when the caller loaded it before joining the DHT."""
         self.cfg, self.node = cfg, node
         task = make_task(cfg.task)
-        policy = load_policy(cfg.model.path, cfg.model)
+        policy = policy or load_policy(cfg.model.path, cfg.model)
         self.core = SamplerCore(policy, task, cfg, cfg.net.run_id, peer_id=node.peer_id,
                                 session=secrets.token_hex(4), generator=make_generator(policy, cfg))
         self.store = WeightStore(cfg.flow.keep_versions, max_uploads_per_version=4)
@@ -246,7 +248,7 @@ class Sampler:
             return self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs()
 
         wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
-                   cap=min(10.0, self.cfg.net.heartbeat_s))
+                   cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s))
         check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
@@ -295,10 +297,12 @@ class Sampler:
 
 
 def run_sampler(cfg: Config, stop: threading.Event) -> dict:
+    # the model loads first: a bootstrap started together with this peer comes up meanwhile
+    policy = load_policy(cfg.model.path, cfg.model)
     node = SwarmNode(cfg.net, "sampler", stop)
     server = None
     try:
-        sampler = Sampler(cfg, node)  # loads the model: a bad path must still shut the node down
+        sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
         sampler.run(stop)
     finally:

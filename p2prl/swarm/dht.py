@@ -7,6 +7,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 import msgpack
@@ -74,6 +75,27 @@ def shutdown_dht(dht) -> None:
     if dht.is_alive():
         dht.kill()
         dht.join(5)
+
+
+def wait_for_peers_file(path: str, timeout_s: float, stop: threading.Event | None = None, poll_s: float = 0.05) -> list[str]:
+    """The multiaddrs in ``path`` (one a line, as ``p2prl bootstrap --maddrs-file`` writes them, atomically,
+    once its DHT is up), waiting up to ``timeout_s`` for the file or until ``stop`` is set."""
+    stop = stop or threading.Event()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            maddrs = Path(path).read_text().split()
+        except FileNotFoundError:
+            maddrs = []
+        except OSError as e:
+            raise BootstrapError(f"net.initial_peers_file {path!r}: {e.strerror}") from None
+        if maddrs:
+            return maddrs
+        if time.monotonic() >= deadline:
+            raise BootstrapError(f"net.initial_peers_file {path!r}: no multiaddr there after {timeout_s:.0f} s; "
+                                 "is the bootstrap that writes it (`p2prl bootstrap --maddrs-file`) running?")
+        if stop.wait(poll_s):
+            raise BootstrapError(f"stopped while waiting for net.initial_peers_file {path!r}")
 
 
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):

@@ -20,7 +20,8 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, shutdown_dht, start_dht
+from p2prl.swarm.dht import (RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, shutdown_dht,
+                             start_dht, wait_for_peers_file)
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.reputation import Reputation
 
@@ -117,8 +118,11 @@ class SwarmNode:
         """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
+        peers = list(cfg.initial_peers)
+        if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
+            peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
         self.dht = start_dht(
-            cfg.initial_peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
+            peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
             announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
             client_mode=cfg.client_mode, closed_network=cfg.closed_network,
             rpc_timeout_s=cfg.dht_rpc_timeout_s,

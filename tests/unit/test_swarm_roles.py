@@ -78,14 +78,23 @@ def test_a_hello_reply_tells_the_record_and_other_learners():
     assert m.records() == [("other", rec), ("third", rec)] and m.counts == Counter()
 
 
-def test_sampler_with_a_bad_model_path_still_shuts_its_node_down(monkeypatch, tmp_path):
-    from p2prl.sampler import loop
+@pytest.mark.parametrize("role", ["sampler", "learner"])
+def test_a_bad_model_path_fails_before_a_node_starts(monkeypatch, tmp_path, role):
+    """The model loads before the DHT join (a bootstrap started together with the peer comes up meanwhile),
+    so a bad model path leaves no node behind."""
+    from p2prl.learner import loop as learner_loop
+    from p2prl.sampler import loop as sampler_loop
 
-    node = FakeNode()
-    monkeypatch.setattr(loop, "SwarmNode", lambda *a, **k: node)
+    started = []
+    loop = sampler_loop if role == "sampler" else learner_loop
+    monkeypatch.setattr(loop, "SwarmNode", lambda *a, **k: started.append(FakeNode()))
+    cfg = load_config(None, [f"model.path={tmp_path / 'no-model'}", f"train.out_dir={tmp_path / 'out'}"])
     with pytest.raises(PolicyLoadError):
-        loop.run_sampler(load_config(None, [f"model.path={tmp_path / 'no-model'}"]), threading.Event())
-    assert node.shut
+        if role == "sampler":
+            loop.run_sampler(cfg, threading.Event())
+        else:
+            loop.run_learner(cfg, threading.Event(), progress=False)
+    assert started == []
 
 
 def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
