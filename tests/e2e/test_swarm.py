@@ -25,6 +25,7 @@ def check_log(out):
     return lines, ids
 
 
+@pytest.mark.slow  # CI time: the restart test runs two samplers and a learner, the metrics test `p2prl status`
 def test_two_samplers_one_learner(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
@@ -56,7 +57,7 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
     ident = str(tmp_path / "learner.id")
-    learner_args = ("train.steps=60", f"net.identity_path={ident}")
+    learner_args = ("train.steps=100000", f"net.identity_path={ident}")  # stopped by the test, never done early
     peers.join("learner", "learner", maddr, *learner_args, out=out)
     peers.join("s0", "sampler", maddr)
     peers.join("s1", "sampler", maddr)
@@ -82,6 +83,7 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     assert counts.get("send/resend", 0) > 0 and counts.get("acked/trained", 0) > 0, counts
 
 
+@pytest.mark.slow  # CI time: compatibility with hivemind's own bootstrap command
 def test_hivemind_dht_command_as_bootstrap(tmp_path):
     """hivemind's own `hivemind-dht` serves as the bootstrap (run in a private network namespace:
     `hivemind-dht` has no switch for NAT probing, and there only loopback exists)."""

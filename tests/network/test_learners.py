@@ -120,6 +120,7 @@ def median_lag(hist: dict[int, int]) -> int:
     return lags[len(lags) // 2]
 
 
+@pytest.mark.slow  # CI time, and timing-sensitive on a loaded 2-core machine; the late-learner test covers state sync
 def test_killed_learner_and_slow_peers(peers, tmp_path):
     """Three learners (b three times slower), two samplers (s1 five times slower); c is SIGKILLed mid-run."""
     maddr = peers.bootstrap()

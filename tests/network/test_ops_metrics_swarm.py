@@ -7,12 +7,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from helpers.prom_util import free_port, info, scrape
 from helpers.swarm_util import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # CI time: tests/unit/test_ops_metrics.py covers the collectors and the status table
 def test_peers_serve_metrics_and_status_watch_lists_other_runs(peers, tmp_path):
     maddr = peers.bootstrap()
     lport, sport = free_port(), free_port()

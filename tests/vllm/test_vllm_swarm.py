@@ -7,6 +7,7 @@ from helpers.swarm_util import last_json, read_jsonl, wait_for
 pytestmark = pytest.mark.vllm
 
 
+@pytest.mark.slow  # CI time: tests/vllm/test_backend.py runs the engine (generation, log-probs, reloads)
 def test_vllm_and_transformers_samplers_train_one_learner(peers, tmp_path, small_model):
     model = f"model.path={small_model}"
     maddr = peers.bootstrap()
