@@ -29,7 +29,6 @@ import secrets
 import threading
 from collections import Counter, OrderedDict
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -107,18 +106,16 @@ def scratch_copy(model: torch.nn.Module) -> torch.nn.Module:
 class SpotChecker:
     """Picks groups to check and checks them (on the learner's admission thread only).
 
-    ``keep`` may be called from any thread. ``on_mismatch(sampler, deviation)`` is called for every
-    failed check (a reputation module's hook; the rejection itself reaches the learner's
-    ``admit`` as ``RecordError("logprob_mismatch")``).
+    ``keep`` may be called from any thread. A failed check raises ``RecordError("logprob_mismatch")``,
+    which the learner's ``admit`` counts against the sampler's reputation like every rejection.
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes,
-                 on_mismatch: Callable[[str, float], None] = lambda sampler, deviation: None):
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes):
         t = cfg.trust
         self.fraction = t.spot_check_fraction
         self.tolerance = t.spot_check_tolerance or DEFAULT_TOLERANCE
         self.temperature = cfg.sampling.temperature
-        self.pad_id, self.salt, self.on_mismatch = pad_id, salt, on_mismatch
+        self.pad_id, self.salt = pad_id, salt
         self.keep_n = versions_needed(cfg)
         self.keep_bytes = int(t.spot_check_memory_mb * 2**20)
         self.model = scratch_copy(model) if self.fraction > 0 else None
@@ -166,7 +163,6 @@ class SpotChecker:
             self.failed_by_sampler[g.sampler] += 1
             if len(self.failed_by_sampler) > MAX_SAMPLERS:
                 del self.failed_by_sampler[next(iter(self.failed_by_sampler))]
-        self.on_mismatch(g.sampler, deviation)
         raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance {self.tolerance:.3g} "
                                               f"at v{g.policy_version}")
 

@@ -232,11 +232,15 @@ class SwarmNode:
 
         With a run authority, only records signed by an authorized learner count (others are counted and logged)."""
         recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
-        recs = [(p, r) for p, r in recs if r is not None]
-        for p, r in [(p, r) for p, r in recs if not self.trust.policy_ok(p, r)]:
-            self.trust.reject("policy_record", p)
-            recs.remove((p, r))
-        return max(recs, key=lambda pr: pr[1].rank()) if recs else None
+        ok = []
+        for p, r in recs:
+            if r is None:
+                continue
+            if self.trust.policy_ok(p, r):
+                ok.append((p, r))
+            else:
+                self.trust.reject("policy_record", p)
+        return max(ok, key=lambda pr: pr[1].rank()) if ok else None
 
     def publish_run_config(self, rec: RunConfigRecord) -> None:
         self._store(key(self.cfg.run_id, "config"), self.peer_id, rec.encode(), self.ttl)
