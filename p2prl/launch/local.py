@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import sys
+from importlib import import_module
 from pathlib import Path
 
 from p2prl.config import Config
@@ -66,13 +67,14 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     maddrs_file.unlink(missing_ok=True)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     try:
-        import p2prl.swarm.dht  # noqa: F401  (hivemind and torch: what the bootstrap needs)
+        import_module("p2prl.swarm.dht")  # hivemind and torch: what the bootstrap needs
 
         start = _starter(swarm)
         boot = start("bootstrap", [
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
             str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)])
-        import p2prl.learner.loop, p2prl.sampler.loop  # noqa: F401, E401  (transformers: what the peers need)
+        for module in ("p2prl.learner.loop", "p2prl.sampler.loop"):  # transformers: what the peers need
+            import_module(module)
 
         # the peers start at once: they load the model while the bootstrap starts, and join
         # the DHT through the multiaddr it writes to maddrs_file once it is up
