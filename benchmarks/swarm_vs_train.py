@@ -181,11 +181,12 @@ def main() -> None:
         f"{' and ' + ' '.join(a.overrides) if a.overrides else ''}. The swarm's learner, {a.samplers} samplers and the "
         "bootstrap are separate processes (each sampler and the learner load the model, each peer runs a hivemind DHT "
         "process and a p2pd) sharing the same cores; the single process runs one sampler half and one learner half."
-        f"\n\nSwarm start-up, from the `swarm up` command: {startup}. `swarm up` starts the bootstrap, the learner and "
-        "the samplers at once; each peer imports and loads the model while the bootstrap starts, then joins the DHT "
-        "through the multiaddrs the bootstrap writes to a file once it is up (`net.initial_peers_file`); the learner "
-        "publishes version 0 before it evaluates the base accuracy, so the samplers generate meanwhile. Every peer "
-        "still imports torch, transformers and hivemind and starts a DHT process and a p2pd, on the same cores."
+        f"\n\nSwarm start-up, from the `swarm up` command: {startup}. `swarm up` imports torch and hivemind once and "
+        "forks the bootstrap, then imports transformers and forks the learner and the samplers at once (each a fork "
+        "of that process: no peer imports anything again); they load the model while the bootstrap starts, then join "
+        "the DHT through the multiaddrs the bootstrap writes to a file once it is up (`net.initial_peers_file`); the "
+        "learner publishes version 0 before it evaluates the base accuracy, so the samplers generate meanwhile. Every "
+        "peer still starts a DHT process and a p2pd of its own, on the same cores."
         f" Machine load (1-minute average) before the runs: {load_before:.2f}, after: {os.getloadavg()[0]:.2f}."
     )
     print(body)

@@ -78,9 +78,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def group_totals(counts: dict, trained: int) -> dict[str, int]:
-    """Groups trained, dropped as stale and rejected (every reason) from admission counts."""
-    return {"trained": trained, "dropped": int(counts.get("dropped_stale", 0)),
-            "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/")))}
+    """Groups trained, dropped as stale (in the queue, or on arrival: the staleness rule at work) and
+    rejected (every other reason) from admission counts."""
+    stale = int(counts.get("rejected/stale", 0))
+    return {"trained": trained, "dropped": int(counts.get("dropped_stale", 0)) + stale,
+            "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/"))) - stale}
 
 
 def plot_run(metrics: Path, png: Path) -> Path | None:

@@ -1,8 +1,11 @@
 """``p2prl swarm up``: a bootstrap, N samplers and M learners as separate processes on 127.0.0.1.
 
-All of them start at once: a peer loads its model while the bootstrap starts, then joins the
-DHT through the multiaddrs the bootstrap writes to ``<out_dir>/logs/bootstrap.maddrs`` once
-it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
+On Linux the peers are forks of this process, made once it has imported torch,
+transformers and hivemind, so those imports (about 5 s of CPU a peer) are paid once, not
+once per peer (elsewhere each peer is a new interpreter). The bootstrap is forked as soon as
+hivemind is imported; the other peers load their models while it starts, then join the DHT
+through the multiaddrs it writes to ``<out_dir>/logs/bootstrap.maddrs`` once it is up
+(``net.initial_peers_file``). Every child runs in its own session (process group)
 and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
 this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind.
@@ -17,10 +20,11 @@ import os
 import shutil
 import signal
 import sys
+from importlib import import_module
 from pathlib import Path
 
 from p2prl.config import Config
-from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file
+from p2prl.launch.procs import ProcessGroups, cli_command, fork_safe, wait_for_file
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -37,6 +41,13 @@ class Stopped(Exception):
 
 def _raise_stopped(signum, _frame):
     raise Stopped(signum)
+
+
+def _starter(swarm: ProcessGroups):
+    """``start(name, args, log=True)``: a fork of this process where that is safe, a new interpreter elsewhere."""
+    if fork_safe():
+        return swarm.fork
+    return lambda name, args, log=True: swarm.spawn(name, cli_command(*args), log=log)
 
 
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
@@ -56,24 +67,29 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     maddrs_file.unlink(missing_ok=True)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     try:
-        boot = swarm.spawn("bootstrap", cli_command(
+        import_module("p2prl.swarm.dht")  # hivemind and torch: what the bootstrap needs
+
+        start = _starter(swarm)
+        boot = start("bootstrap", [
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
-            str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)))
-        # the peers start at once: they import and load the model while the bootstrap starts, and join
+            str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)])
+        for module in ("p2prl.learner.loop", "p2prl.sampler.loop"):  # transformers: what the peers need
+            import_module(module)
+
+        # the peers start at once: they load the model while the bootstrap starts, and join
         # the DHT through the multiaddr it writes to maddrs_file once it is up
         overrides = [f"net.initial_peers_file={maddrs_file}", f"net.bootstrap_timeout_s={BOOTSTRAP_TIMEOUT_S}",
                      *overrides]
         quiet = [] if progress else ["--no-progress"]
         (logs / "learner.log").unlink(missing_ok=True)
-        learner = swarm.spawn("learner", cli_command(
+        learner = start("learner", [
             "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
-            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"), log=False)
+            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"], log=False)
         for i in range(1, n_learners):
-            swarm.spawn(f"learner{i}", cli_command("join", "--role", "learner", *common, "--no-progress",
-                                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"))
+            start(f"learner{i}", ["join", "--role", "learner", *common, "--no-progress",
+                                  *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])
         for i in range(n_samplers):
-            swarm.spawn(f"sampler{i}", cli_command("join", "--role", "sampler", *common,
-                                                   *metrics(1 + n_learners + i), *overrides))
+            start(f"sampler{i}", ["join", "--role", "sampler", *common, *metrics(1 + n_learners + i), *overrides])
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
         maddr = wait_for_file(maddrs_file, boot, BOOTSTRAP_TIMEOUT_S, "the bootstrap").split()[0]
         print(f"bootstrap at {maddr}", flush=True)

@@ -123,6 +123,14 @@ def test_progress_bar_has_a_width_where_the_terminal_reports_none(monkeypatch):
     assert progress_bar(total=3, disable=True).total == 3  # a disabled bar works as well
 
 
+def test_groups_stale_on_arrival_count_as_dropped_not_rejected():
+    from p2prl.metrics import group_totals
+
+    counts = {"dropped_stale": 3, "rejected/stale": 4, "rejected/bad_reward": 2, "rejected/logprob_mismatch": 1,
+              "accepted": 50}
+    assert group_totals(counts, 40) == {"trained": 40, "dropped": 7, "rejected": 3}
+
+
 def test_end_of_run_summary_for_a_person():
     from p2prl.metrics import format_summary
 
