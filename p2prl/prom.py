@@ -67,12 +67,10 @@ def announced_address(net, server) -> str:
         return ""
     from p2prl.swarm.dht import format_hostport
 
-    host = net.metrics_public_host or ("" if _wildcard(net.metrics_host) else net.metrics_host)
-    for maddr in net.announce_maddrs:
-        parts = maddr.split("/")
-        if not host and len(parts) > 2 and parts[1] in ("ip4", "ip6", "dns", "dns4", "dns6"):
-            host = parts[2]
-    host = host or ("127.0.0.1" if net.loopback else _default_route_address())
+    announced = [p[2] for p in (m.split("/") for m in net.announce_maddrs)
+                 if len(p) > 2 and p[1] in ("ip4", "ip6", "dns", "dns4", "dns6")]
+    host = (net.metrics_public_host or ("" if _wildcard(net.metrics_host) else net.metrics_host)
+            or (announced[0] if announced else "") or ("127.0.0.1" if net.loopback else _default_route_address()))
     try:
         return format_hostport(host, server.server_address[1])
     except ValueError as e:

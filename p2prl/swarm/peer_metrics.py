@@ -152,10 +152,11 @@ def parse(text: str) -> dict:
     """The figures the page shows, from one peer's exposition; families unknown, malformed or out of range
     are left out (``ignored`` counts those that were known)."""
     out: dict = {"role": None, "peer_id": None, "ignored": 0}
+    seen = set()
     for name, block in _blocks(text):
-        if name not in KNOWN or name in out.get("_seen", ()):
+        if name not in KNOWN or name in seen:
             continue
-        out.setdefault("_seen", set()).add(name)
+        seen.add(name)
         try:
             (family,) = [f for f in text_string_to_metric_families(block)]
             samples = family.samples[: 4 * MAX_SERIES]
@@ -179,7 +180,6 @@ def parse(text: str) -> dict:
                 out[field] = series
         except Exception:  # anything the parser or the checks above reject: this family is left out
             out["ignored"] += 1
-    out.pop("_seen", None)
     return out
 
 
