@@ -114,14 +114,14 @@ def test_monitor_scrapes_a_peers_announced_metrics(peers):
     peers.join("sampler", "sampler", maddr, "--metrics-port", str(sport))
     peers.start("monitor", ["monitor", "--loopback", "--initial-peers", maddr, "--run-id", "test", "--http",
                             f"127.0.0.1:{mport}", "--period", "0.3"])
-    sampler = wait_for(lambda: scrape(sport), 30, "the sampler's metrics endpoint")
+    sampler = wait_for(lambda: scrape(sport), 90, "the sampler's metrics endpoint")
     sid = info(sampler)["peer_id"]
 
     def scraped():
         s = state(mport)
         return s if s and s["metrics"].get(sid, {}).get("status") == "ok" else None
 
-    s = wait_for(scraped, 30, "the monitor to scrape the sampler", interval=0.3)
+    s = wait_for(scraped, 60, "the monitor to scrape the sampler", interval=0.3)
     got = s["metrics"][sid]
     assert got["addr"] == f"127.0.0.1:{sport}" and set(s["metrics"]) == {sid}
     m, now = got["metrics"], scrape(sport)
