@@ -116,11 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
 
     mo = sub.add_parser(
-        "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves)",
+        "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves, peers' metrics)",
         description=_wrap("Join the DHT as a client, look up the run's peers every --period seconds and serve one "
         "self-contained HTML page (no scripts, nothing fetched from the internet): the peers by role with their "
         "versions, lag, reward, held-out accuracy, rejections and bans; the samplers' lag histogram; each learner's "
-        "reward and accuracy per version since the monitor started. /state.json has the same as JSON."),
+        "reward and accuracy per version since the monitor started; from each peer's announced metrics endpoint "
+        "(--metrics-port) its throughput, bytes in/out, groups and rounds by outcome and reason, bans and the learners' "
+        "lag histogram. /state.json has the same as JSON."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_network_args(mo)

@@ -177,8 +177,20 @@ class NetConfig(_Section):
     bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
     metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus metrics on this TCP port (http://metrics_host:port/metrics); 0 = off.")
     metrics_host: str = Field("127.0.0.1", min_length=1, max_length=253, description="Address the metrics endpoint listens on; the default keeps it local: set 0.0.0.0 (or one interface) to let a Prometheus server elsewhere scrape it.")
+    metrics_public_host: str = Field("", max_length=253, description="Host (IP address or DNS name) this peer announces for its metrics endpoint in its DHT peer record, for `p2prl monitor` to scrape; empty: metrics_host, or when that is a wildcard (0.0.0.0, ::) the host of the first announce_maddrs, else 127.0.0.1 under loopback, else the address of this machine's default route.")
     initial_peers_file: str = Field("", description="A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its bootstrap (`p2prl swarm up` does).")
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
+
+    @model_validator(mode="after")
+    def _metrics_public_host(self) -> NetConfig:
+        if self.metrics_public_host:
+            from p2prl.swarm.dht import format_hostport
+
+            try:
+                format_hostport(self.metrics_public_host, 1)
+            except ValueError as e:
+                raise ValueError(f"metrics_public_host {self.metrics_public_host!r} is not a usable host: {e}") from None
+        return self
 
 
 class FlowConfig(_Section):

@@ -7,7 +7,9 @@ Every family is prefixed ``p2prl_``; ``p2prl_info`` names the role, run, peer an
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import socket
 from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -52,6 +54,45 @@ def serve_metrics(port: int, host: str, collect: Callable[[], Iterable[Metric]])
         raise MetricsError(f"cannot serve metrics on {host}:{port} (net.metrics_port / --metrics-port): {e}") from None
     log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
     return server
+
+
+def announced_address(net, server) -> str:
+    """``HOST:PORT`` a peer puts in its DHT peer record for ``server`` (``serve_metrics``'s), so that ``p2prl
+    monitor`` can scrape it; "" when there is none (no server, or no usable host: logged).
+
+    The host: ``net.metrics_public_host``; else ``net.metrics_host`` unless it is a wildcard (0.0.0.0, ::);
+    else the host of the first ``/ip4``, ``/ip6`` or ``/dns*`` of ``net.announce_maddrs``; else 127.0.0.1
+    under ``net.loopback``; else the local address of this machine's default route."""
+    if server is None:
+        return ""
+    from p2prl.swarm.dht import format_hostport
+
+    announced = [p[2] for p in (m.split("/") for m in net.announce_maddrs)
+                 if len(p) > 2 and p[1] in ("ip4", "ip6", "dns", "dns4", "dns6")]
+    host = (net.metrics_public_host or ("" if _wildcard(net.metrics_host) else net.metrics_host)
+            or (announced[0] if announced else "") or ("127.0.0.1" if net.loopback else _default_route_address()))
+    try:
+        return format_hostport(host, server.server_address[1])
+    except ValueError as e:
+        log.warning("metrics endpoint not announced (set net.metrics_public_host): %s", e)
+        return ""
+
+
+def _wildcard(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_unspecified
+    except ValueError:
+        return False
+
+
+def _default_route_address() -> str:
+    """This machine's address on its default route ("" without one): a UDP socket's connect sends nothing."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+            return s.getsockname()[0]
+    except OSError:
+        return ""
 
 
 def stop_metrics(server) -> None:

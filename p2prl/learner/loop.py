@@ -554,6 +554,7 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     try:
         learner = Learner(cfg, node, resumed)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
+        node.metrics_addr = prom.announced_address(cfg.net, server)
         return learner.run(stop, progress)
     finally:
         prom.stop_metrics(server)

@@ -304,6 +304,7 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
     try:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
+        node.metrics_addr = prom.announced_address(cfg.net, server)
         sampler.run(stop)
     finally:
         prom.stop_metrics(server)

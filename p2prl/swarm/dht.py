@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -11,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from p2prl import PROTOCOL_VERSION, __version__
 
@@ -127,6 +129,42 @@ def key(run_id: str, *parts: str) -> str:
     return "/".join(("p2prl", run_id, *parts))
 
 
+MAX_HOSTPORT = 261  # a 253-character DNS name, or a bracketed IPv6 address, ":" and a 5-digit port
+_DNS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
+
+
+def parse_hostport(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (an IPv4 address, a DNS name, or ``[IPv6]``; port 1-65535) -> (host, port); ValueError when
+    it is none of these, too long, or a wildcard address (0.0.0.0, ::) nobody can connect to."""
+    if not isinstance(text, str) or not 0 < len(text) <= MAX_HOSTPORT:
+        raise ValueError(f"expected HOST:PORT of at most {MAX_HOSTPORT} characters")
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isascii() or not port.isdigit() or len(port) > 5 or not 0 < int(port) <= 65535:
+        raise ValueError(f"{text[:40]!r}: expected HOST:PORT with a port in 1-65535")
+    bracketed = host.startswith("[") and host.endswith("]")
+    host = host[1:-1] if bracketed else host
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is None and (bracketed or len(host) > 253 or not _DNS_NAME.fullmatch(host)):
+        raise ValueError(f"{text[:40]!r}: the host is neither an IP address nor a DNS name")
+    if ip is not None and (ip.version == 6) != bracketed:
+        raise ValueError(f"{text[:40]!r}: an IPv6 host goes in brackets ([::1]:9400), nothing else does")
+    if ip is not None and ip.version == 6 and ip.scope_id:
+        raise ValueError(f"{text[:40]!r}: a scoped IPv6 address means nothing on another machine")
+    if ip is not None and ip.is_unspecified:
+        raise ValueError(f"{text[:40]!r}: {host} is a wildcard address, not one to connect to")
+    return host, int(port)
+
+
+def format_hostport(host: str, port: int) -> str:
+    """(host, port) -> ``HOST:PORT`` (an IPv6 host in brackets), checked by ``parse_hostport``."""
+    text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    parse_hostport(text)
+    return text
+
+
 class _Record(BaseModel):
     """A msgpack-encoded, schema-validated DHT value; ``decode`` returns None for anything invalid."""
 
@@ -166,6 +204,18 @@ class PeerRecord(_Record):
     rejected: int = Field(0, ge=0, le=10**12, description="learners: groups rejected so far (every reason)")
     reward: float | None = Field(None, ge=-1e6, le=1e6, description="learners: mean reward of the last step's groups")
     acc: float | None = Field(None, ge=0.0, le=1.0, description="learners: held-out accuracy at the last evaluation")
+    metrics: str = Field("", max_length=MAX_HOSTPORT, description="HOST:PORT of this peer's Prometheus endpoint; empty: none")
+
+    @field_validator("metrics")
+    @classmethod
+    def _hostport(cls, v: str) -> str:
+        if v:
+            parse_hostport(v)
+        return v
+
+    def encode(self) -> bytes:
+        # without an endpoint the field is left out, so peers of protocol 4 (no such field) still read the record
+        return msgpack.packb(self.model_dump(exclude={"metrics"} if not self.metrics else None), use_bin_type=True)
 
 
 RUNS_KEY = "p2prl/runs"  # outside every run's namespace (a run id holds no "/"): who runs what, across runs

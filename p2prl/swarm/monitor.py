@@ -1,11 +1,16 @@
-"""``p2prl monitor --http HOST:PORT``: a swarm health page, fed from the DHT.
+"""``p2prl monitor --http HOST:PORT``: a swarm health page, fed from the DHT and the peers' metrics.
 
 A poll thread reads the run's peer records every ``period`` seconds (``status.snapshot``)
 and keeps, per learner, the reward and held-out accuracy it announced at each version
-(bounded). The page is one self-contained HTML document, refreshed by the browser: a
-table of the peers by role (version, lag, reward, accuracy, rejections, bans), the lag
-histogram and the reward / accuracy curves as inline SVG drawn here, so it needs no
-script and nothing from the internet (peers may be offline).
+(bounded). A scrape thread reads, at the same period, the Prometheus endpoint each peer
+announces in its record (``peer_metrics``: bounded, time-limited, parsed defensively).
+The page is one self-contained HTML document, refreshed by the browser: a table of the
+peers by role (version, lag, reward, accuracy, rejections, bans), what only their
+metrics tell (throughput, bytes in and out, groups and gradient rounds by outcome and
+reason, bans; "not announced" / "unreachable" where a peer has none), the samplers' lag
+histogram, the learners' lag histogram of trained groups and the reward / accuracy
+curves as inline SVG drawn here, so it needs no script and nothing from the internet
+(peers may be offline).
 """
 
 from __future__ import annotations
@@ -114,8 +119,66 @@ def _fmt(x, spec: str) -> str:
     return "-" if x is None else format(x, spec)
 
 
-def render_page(snap: dict | None, history: History, refresh_s: float, error: str = "") -> str:
-    """The whole health page for ``snap`` (``status.snapshot``) and the curves in ``history``."""
+def _count(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.3g}"
+
+
+def _total(series: dict | None, outcome: str) -> float | None:
+    """The sum of ``series`` (``"outcome/reason"`` -> count) over the reasons of ``outcome``."""
+    if series is None:
+        return None
+    return sum(n for k, n in series.items() if k.split("/", 1)[0] == outcome)
+
+
+def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
+    """The page's part from the peers' own metrics: a row per peer, their outcomes, the learners' lag histogram."""
+    e = html.escape
+    rows, outcomes, lags = [], [], Counter()
+    for r in snap["peers"]:
+        got = scraped.get(r["peer_id"])
+        m = got["metrics"] if got and got["status"] == "ok" else None
+        state = ("not announced" if not r.get("metrics") else "not scraped yet" if got is None
+                 else "ok" if m is not None else f"{got['status']}: {got['detail']}")
+        cells = ["-"] * 9
+        if m is not None:
+            groups = m.get("groups")
+            made = m.get("groups_made") if r["role"] == "sampler" else _total(groups, "trained")
+            rounds = m.get("rounds")
+            cells = [_count(m.get("version")), _fmt(m.get("throughput"), ".2f"), _count(m.get("bytes_in")),
+                     _count(m.get("bytes_out")), _count(made), _count(_total(groups, "rejected")),
+                     _count(_total(groups, "dropped")), _count(sum(rounds.values()) if rounds is not None else None),
+                     _count(m.get("banned"))]
+            for kind, series in (("groups", groups), ("rounds", rounds), ("events", m.get("events"))):
+                outcomes += [(r, kind, k, n) for k, n in sorted((series or {}).items())]
+            for lag, n in (m.get("lag") or {}).items():
+                lags[lag] += int(n)
+        rows.append(f'<tr class="metrics {e(r["role"])}" data-peer="{e(r["peer_id"])}"><td class="l">{e(r["role"])}</td>'
+                    f'<td class="l peer-id" title="{e(r["peer_id"])}">{e(r["peer_id"][-10:])}</td>'
+                    f'<td class="l state">metrics: {e(state)}</td>'
+                    + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
+    out = ['<h2>Peer metrics</h2><table id="peer-metrics"><tr><th class="l">role</th><th class="l">peer</th>'
+           '<th class="l">endpoint</th><th>version</th><th>groups/s</th><th>bytes in</th><th>bytes out</th>'
+           "<th>made / trained</th><th>rejected</th><th>dropped</th><th>round events</th><th>banned</th></tr>",
+           *rows, "</table>"]
+    if outcomes:
+        out.append('<h2>Groups, rounds and sends by outcome and reason</h2><table id="outcomes"><tr>'
+                   '<th class="l">role</th><th class="l">peer</th><th class="l">kind</th><th class="l">outcome</th>'
+                   '<th class="l">reason</th><th>count</th></tr>')
+        for r, kind, k, n in outcomes:
+            outcome, _, reason = k.partition("/")
+            out.append(f'<tr class="outcome" data-peer="{e(r["peer_id"])}"><td class="l">{e(r["role"])}</td>'
+                       f'<td class="l">{e(r["peer_id"][-10:])}</td><td class="l">{kind}</td><td class="l">{e(outcome)}'
+                       f'</td><td class="l">{e(reason)}</td><td>{_count(n)}</td></tr>')
+        out.append("</table>")
+    out.append('<div class="plots" id="lag-metrics">'
+               + svg_bars(dict(lags), "trained groups by lag (learners' metrics)", "versions behind") + "</div>")
+    return out
+
+
+def render_page(snap: dict | None, history: History, refresh_s: float, error: str = "",
+                scraped: dict[str, dict] | None = None) -> str:
+    """The whole health page for ``snap`` (``status.snapshot``), the curves in ``history`` and the peers'
+    metrics in ``scraped`` (``peer_metrics.scrape_all``)."""
     e = html.escape
     head = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s:g}">'
             f"<title>p2prl swarm</title><style>{STYLE}</style></head><body>")
@@ -155,6 +218,7 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
                + svg_lines({n: s for n, s in reward.items() if s}, "reward (learners, per version)", "version")
                + svg_lines({n: s for n, s in acc.items() if s}, "held-out accuracy (learners)", "version", (0.0, 1.0))
                + "</div>")
+    out += render_metrics(snap, scraped or {})
     bans = [r for r in snap["peers"] if r["banned_ids"]]
     if bans:
         out.append("<h2>Bans</h2><ul>" + "".join(f"<li>learner {e(r['peer_id'][-10:])} bans {r['banned']}: "
@@ -165,12 +229,14 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
 
 # ---- the server ------------------------------------------------------------------------------
 class Monitor:
-    """Polls the DHT in a thread; serves the page at ``/`` and the last snapshot at ``/state.json``."""
+    """Polls the DHT and scrapes the peers' metrics, each in a thread; serves the page at ``/`` and the last
+    snapshot, curves and scraped metrics at ``/state.json``."""
 
     def __init__(self, node, run_id: str, period_s: float):
         self.node, self.run_id, self.period_s = node, run_id, period_s
         self.history = History()
         self.snap: dict | None = None
+        self.scraped: dict[str, dict] = {}  # peer id -> peer_metrics.scrape of its endpoint, the last round
         self.error = ""
         self.lock = threading.Lock()
 
@@ -189,13 +255,31 @@ class Monitor:
             self.history.add(snap)
             self.snap, self.error = snap, ""
 
+    def scrape(self) -> None:
+        """One round: the endpoint of every peer in the last snapshot that announces one."""
+        from p2prl.swarm.peer_metrics import scrape_all
+
+        with self.lock:
+            targets = {r["peer_id"]: r["metrics"] for r in (self.snap or {}).get("peers", []) if r.get("metrics")}
+        scraped = scrape_all(targets)
+        with self.lock:
+            self.scraped = scraped
+
+    def _scrape_forever(self, stop: threading.Event) -> None:
+        while not stop.wait(self.period_s):
+            try:
+                self.scrape()
+            except Exception as e:  # the thread never dies; the page keeps the last round
+                log.warning("metrics scrape failed: %s: %s", type(e).__name__, e)
+
     def page(self) -> str:
         with self.lock:
-            return render_page(self.snap, self.history, max(1.0, self.period_s), self.error)
+            return render_page(self.snap, self.history, max(1.0, self.period_s), self.error, self.scraped)
 
     def state(self) -> str:
         with self.lock:
-            return json.dumps({"snapshot": self.snap, "curves": {p: list(c) for p, c in self.history.curves.items()}})
+            return json.dumps({"snapshot": self.snap, "curves": {p: list(c) for p, c in self.history.curves.items()},
+                               "metrics": self.scraped})
 
     def serve(self, host: str, port: int, stop: threading.Event) -> None:
         monitor = self
@@ -227,6 +311,7 @@ class Monitor:
         threading.Thread(target=server.serve_forever, name="p2prl-monitor-http", daemon=True).start()
         log.info("swarm health page of run %r on http://%s:%d/", self.run_id, host, server.server_address[1])
         print(f"http://{host}:{server.server_address[1]}/", flush=True)
+        threading.Thread(target=self._scrape_forever, args=(stop,), name="p2prl-monitor-scrape", daemon=True).start()
         try:
             while not stop.is_set():
                 self.poll()

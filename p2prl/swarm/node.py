@@ -118,6 +118,7 @@ class SwarmNode:
         """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
+        self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
         peers = list(cfg.initial_peers)
         if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
             peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
@@ -198,7 +199,10 @@ class SwarmNode:
         return 3 * self.cfg.heartbeat_s
 
     def announce(self, record: PeerRecord) -> bool:
-        """Our peer record in the run, and our run under ``RUNS_KEY`` (seen by ``p2prl status`` of other runs)."""
+        """Our peer record in the run (with our metrics endpoint), and our run under ``RUNS_KEY`` (seen by
+        ``p2prl status`` of other runs)."""
+        if self.metrics_addr:
+            record = record.model_copy(update={"metrics": self.metrics_addr})
         self._store(RUNS_KEY, self.peer_id, RunAnnouncement(run_id=record.run_id, role=record.role,
                                                       updated=record.updated).encode(), self.ttl)
         return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)

@@ -30,6 +30,7 @@ def snapshot(node: SwarmNode, run_id: str) -> dict:
             "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
             "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
+            "metrics": p.metrics,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]

@@ -59,7 +59,7 @@ def test_learner_metrics_read_its_counters():
     assert trust == {"trust/bans": 2, "trust/refused_banned/rollout": 4, "trust/untrusted/policy_record": 1,
                      "spot/passed": 5, "spot/failed": 1}
     info = dict(next(iter(m["p2prl_info"])))
-    assert info["role"] == "learner" and info["run_id"] == "test" and info["protocol"] == "4"
+    assert info["role"] == "learner" and info["run_id"] == "test" and info["protocol"] == "5"
     # cumulative buckets 0..max_staleness, then +Inf; the sum is the total lag
     buckets = {dict(k)["le"]: v for k, v in m["p2prl_group_lag_versions_bucket"].items()}
     assert buckets == {"0.0": 4, "1.0": 6, "2.0": 6, "3.0": 7, "+Inf": 7}
@@ -200,7 +200,7 @@ def test_monitor_page_before_the_first_look_up():
     assert "waiting for the first look-up: TimeoutError" in render_page(None, History(), 5, "TimeoutError")
     page = render_page({"run_id": "test", "policy_version": None, "peers": [], "other_runs": {}, "time": 0.0},
                        History(), 5)
-    assert "no live peers" in page and page.count("no data yet") == 3
+    assert "no live peers" in page and page.count("no data yet") == 4  # three plots and the learners' lag from their metrics
 
 
 def test_monitor_history_is_bounded(monkeypatch):
