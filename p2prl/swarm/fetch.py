@@ -146,22 +146,23 @@ async def assemble(node: SwarmNode, holders: list[str], rec: PolicyRecord, paral
             done, _ = await asyncio.wait(active, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 holder, piece = active.pop(task)
-                if task.exception() is None or piece.pos == piece.end:
+                e = task.exception()
+                if e is None or piece.pos == piece.end:
                     ready.insert(0, holder)  # it delivered: first in line for a range another holder left
                     used.append(holder)
                     continue
-                e = task.exception()
                 log.info("weights v%d [%d, %d) from %s failed at byte %d: %s %s", rec.version, piece.start, piece.end,
                          holder[-6:], piece.pos, type(e).__name__, str(e)[:80])
                 if piece.pos > piece.start:
                     used.append(holder)  # its bytes are in the buffer: the hash checks them too
                 todo.append(piece)
-        final.set()
-        asm.progress.set()
+        used = list(dict.fromkeys(used))
         if todo:  # holders ran out before the bytes did
             return Fetched(None, used)
+        final.set()
+        asm.progress.set()
         ok = await hasher == rec.sha256
-        return Fetched(asm.buf if ok else None, list(dict.fromkeys(used)), bad_hashes=int(not ok))
+        return Fetched(asm.buf if ok else None, used, bad_hashes=int(not ok))
     finally:
         for task in [*active, hasher]:
             task.cancel()
