@@ -81,12 +81,15 @@ class Sampler:
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord) -> bytearray | None:
-        """Weights of ``rec`` from its holders (other samplers first; byte ranges from up to
-        ``flow.fetch_parallel`` of them at once), verified against its sha256."""
+        """Weights of ``rec`` from its holders (byte ranges from up to ``flow.fetch_parallel`` of them at
+        once), verified against its sha256. Other samplers serve when any holds the version: the
+        publisher only serves the first fetches of a version, and takes over a range another holder
+        leaves, so that ranges never add to the learner's upload."""
         others = [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
         random.shuffle(others)
+        parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
-            got = fetch_weights(self.node, others + [publisher], rec, self.cfg.flow.fetch_parallel)
+            got = fetch_weights(self.node, others + [publisher], rec, parallel)
         except Exception as e:  # timed out, or the node is stopping
             log.info("weights v%d: %s", rec.version, type(e).__name__)
             return None
