@@ -119,6 +119,8 @@ class TrainConfig(_Section):
     micro_batch_tokens: int = Field(
         0, ge=0, le=1 << 30, description="Learner: split a step into micro-batches of whole groups of at most this many padded prompt+completion tokens and accumulate gradients (0 = one pass)."
     )
+    wait_for_samplers: int = Field(0, ge=0, le=100_000, description="Swarm learner: before its first step, wait until this many distinct samplers have announced themselves in the DHT or sent groups (0 = start at once); gives up after `wait_for_samplers_s`, logging who came.")
+    wait_for_samplers_s: float = Field(600.0, gt=0.0, le=86_400.0, description="Longest wait for `wait_for_samplers`, seconds; then training starts with the samplers there are.")
 
 
 class StalenessConfig(_Section):
@@ -202,6 +204,7 @@ class FlowConfig(_Section):
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
     max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
     min_upload_mbps: float = Field(8.0, gt=0.0, le=1e6, description="Slowest upload (megabits per second, after a grace of net.rpc_timeout_s) a peer keeps serving `weights` or `state` to; a slower reader is cut, so nobody holds an upload slot for longer than the grace plus size / this rate.")
+    fetch_parallel: int = Field(2, ge=1, le=16, description="Holders a sampler fetches one version's weights from at once, a byte range from each (blobs of 8 MiB and more; 1 = one holder at a time). A range whose holder fails is resumed from another; the whole is checked against the version's sha256.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
 
 

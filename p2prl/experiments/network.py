@@ -5,7 +5,9 @@ process. Here every cell is a real swarm, a bootstrap, one learner and N sampler
 separate processes, each in its own Linux network namespace, joined through the
 userspace link emulator of ``p2prl.experiments.linkemu`` (per-peer RTT, rate limit, bounded queue).
 Staleness is whatever the network makes of it: the learner's window
-(``staleness.max_staleness``) is fixed by the config and no delay is simulated.
+(``staleness.max_staleness``) is fixed by the config and no delay is simulated. The
+learner takes its first step once every sampler of the cell has joined
+(``train.wait_for_samplers``), so that a far sampler's slow start is not counted as lag.
 
 The grid is algorithm x maximum sampler RTT x seed. In a cell the bootstrap and the
 learner have a small RTT (``--base-rtt-ms``) and the samplers' RTTs are spread
@@ -274,7 +276,8 @@ def run_swarm(plan: CellPlan, logs: Path, timeout_s: float) -> tuple[float, dict
                     *extra, *plan.overrides, f'net.host_maddrs=["/ip4/{peer_address(i)}/tcp/0"]']
 
         started = time.time()
-        learner = lab.peer("learner", holders[1], [*join(1, "learner"), f"train.out_dir={plan.dir / 'learner'}"])
+        learner = lab.peer("learner", holders[1], [*join(1, "learner"), f"train.out_dir={plan.dir / 'learner'}",
+                                                    f"train.wait_for_samplers={n_samplers}"])  # every sampler in from step 1
         samplers = [lab.peer(f"sampler{i}", holders[2 + i],
                              join(2 + i, "sampler", "--client-mode", "--identity-path", str(plan.dir / f"sampler{i}.id")))
                     for i in range(n_samplers)]

@@ -35,6 +35,7 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -136,6 +137,9 @@ class Learner:
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
         self.start(progress)
+        if self.cfg.train.wait_for_samplers:
+            wait_for_samplers(self.cfg.train.wait_for_samplers, self.samplers_seen, stop,
+                              self.cfg.train.wait_for_samplers_s, self.cfg.net.poll_s)
         while self.core.version < self.cfg.train.steps and not stop.is_set():
             if self.poll_ahead():
                 continue
@@ -188,6 +192,12 @@ class Learner:
         if self.core.version >= t.steps:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
+
+    def samplers_seen(self) -> set[str]:
+        """Samplers of the run seen so far: announced in the DHT, or senders of groups waiting here."""
+        with self.lock:
+            senders = {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
+        return senders | {r.peer_id for r in self.node.peers("sampler")}
 
     def poll_ahead(self) -> bool:
         """Every ``poll_s``: load the state of a learner ahead of us (True); else versions stepped alone long enough ago stand."""
@@ -544,6 +554,27 @@ class Learner:
             states = self.ledger.states_of(ids)
             queue = len(self.buffer)
         await write_frame(writer, pack({"states": states, "queue": queue}))
+
+
+def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,
+                      poll_s: float, clock: Callable[[], float] = time.monotonic) -> set[str]:
+    """Wait until ``seen()`` holds ``want`` distinct samplers, at most ``timeout_s`` (or until ``stop``);
+    logs the wait, its end and, on a timeout, how many came. Returns the samplers seen last."""
+    t0 = clock()
+    got = seen()
+    if len(got) < want:
+        log.info("waiting for %d samplers before the first step (%d seen; at most %.0f s: train.wait_for_samplers_s)",
+                 want, len(got), timeout_s)
+    while len(got) < want and not stop.is_set():
+        if clock() - t0 >= timeout_s:
+            log.warning("only %d of %d samplers joined within %.0f s; training starts with them", len(got), want,
+                        timeout_s)
+            return got
+        stop.wait(poll_s)
+        got = seen()
+    if len(got) >= want:
+        log.info("%d samplers joined after %.1f s; training starts", len(got), clock() - t0)
+    return got
 
 
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:

@@ -25,9 +25,10 @@ class SamplerCore:
         self.version, self.weights_sha256 = 0, ""
         self.groups_made = 0
 
-    def load(self, blob: bytes, version: int, sha256: str) -> None:
-        """Load verified safetensors weights for ``version`` into the generation model."""
-        self.generator.load(blob)
+    def load(self, blob: bytes | bytearray, version: int, sha256: str) -> None:
+        """Load verified safetensors weights for ``version`` into the generation model (the safetensors
+        parser takes ``bytes``: a fetched buffer is copied for the load only)."""
+        self.generator.load(blob if isinstance(blob, bytes) else bytes(blob))
         self.version, self.weights_sha256 = version, sha256
 
     def _seed(self) -> int:

@@ -29,9 +29,10 @@ from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
+from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task
@@ -79,27 +80,30 @@ class Sampler:
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
-    def fetch(self, publisher: str, rec: PolicyRecord) -> bytes | None:
-        """Weights of ``rec`` from a holder (other samplers first), verified against its sha256."""
+    def fetch(self, publisher: str, rec: PolicyRecord) -> bytearray | None:
+        """Weights of ``rec`` from its holders (byte ranges from up to ``flow.fetch_parallel`` of them at
+        once), verified against its sha256. Other samplers serve when any holds the version: the
+        publisher only serves the first fetches of a version, and takes over a range another holder
+        leaves, so that ranges never add to the learner's upload."""
         others = [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
         random.shuffle(others)
-        for holder in others + [publisher]:
-            try:
-                reply = self.node.request(holder, "weights", pack({"version": rec.version, "sha256": rec.sha256}),
-                                          max_reply=rec.size + 1, timeout_s=self.node.transfer_timeout(rec.size))
-            except Exception as e:
-                log.info("weights v%d from %s failed: %s", rec.version, holder[-6:], type(e).__name__)
-                continue
-            status, blob = reply[:1], reply[1:]
-            if status != OK:
-                continue
-            if len(blob) != rec.size or hashlib.sha256(blob).hexdigest() != rec.sha256:
-                self.counts["weights/bad_hash"] += 1
-                log.warning("peer %s served weights for v%d whose hash does not match; ignored", holder[-6:], rec.version)
-                continue
+        parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
+        try:
+            got = fetch_weights(self.node, others + [publisher], rec, parallel)
+        except Exception as e:  # timed out, or the node is stopping
+            log.info("weights v%d: %s", rec.version, type(e).__name__)
+            return None
+        if got.bad_hashes:
+            self.counts["weights/bad_hash"] += got.bad_hashes
+            log.warning("weights for v%d whose hash does not match the record (from %s); ignored", rec.version,
+                        ", ".join(h[-6:] for h in got.holders))
+        if got.blob is None:
+            return None
+        for holder in got.holders:
             self.counts["weights/fetched_from_" + ("learner" if holder == publisher else "sampler")] += 1
-            return blob
-        return None
+        if len(got.holders) > 1:
+            self.counts["weights/fetched_in_ranges"] += 1
+        return got.blob
 
     def maybe_sync(self) -> None:
         latest = self.node.latest_policy()

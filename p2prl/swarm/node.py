@@ -335,13 +335,19 @@ class SwarmNode:
         finally:
             writer.close()
 
+    async def open_stream(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new stream of protocol ``name`` to ``peer_id`` (a coroutine for the node's loop)."""
+        from hivemind.p2p import PeerID
+
+        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
+        return reader, writer
+
     def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
         """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``);
         ``Refused`` if the peer refused the stream (banned or over its limits)."""
-        from hivemind.p2p import PeerID
 
         async def go():
-            _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
+            reader, writer = await self.open_stream(peer_id, name)
             try:
                 await write_frame(writer, payload)
                 reply = await read_frame(reader, max_reply)

@@ -4,8 +4,9 @@
              with status ``accepted`` / ``duplicate`` / ``rejected`` and the learner's queue depth.
 ``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue"}``,
              state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
-``weights``  anyone -> holder: ``{"version", "sha256"}``; reply one status byte
-             (``0`` ok, ``1`` busy, ``2`` missing) then the safetensors bytes.
+``weights``  anyone -> holder: ``{"version", "sha256"}``, optionally ``"offset"`` and ``"length"`` (a byte
+             range of the blob, protocol 5); reply one status byte (``0`` ok, ``1`` busy, ``2`` missing)
+             then the safetensors bytes (of the range).
 Every request is msgpack, bounded, and validated; replies are bounded by the caller. Any
 stream may instead be refused at once (a banned peer, or one over its limits: ``node.py``)
 with the reply ``{"refused": "banned" | "limited"}``.
@@ -68,22 +69,42 @@ class WeightStore:
             got = self._blobs.get(version)
         return got[0] if got else None
 
-    def begin_upload(self, version: int, sha256: str) -> tuple[bytes, bytes]:
-        """(status, blob) for a request; call ``end_upload`` after sending an OK blob."""
+    def begin_upload(self, version: int, sha256: str, offset: int = 0, length: int | None = None) -> tuple[bytes, memoryview]:
+        """(status, the blob's bytes ``[offset, offset + length)``, by default all) for a request; call
+        ``end_upload`` after sending an OK part. ValueError if the range does not lie inside the blob."""
         with self._lock:
             got = self._blobs.get(version)
             if got is None or got[0] != sha256:
-                return MISSING, b""
+                return MISSING, memoryview(b"")
+            size = len(got[1])
+            length = size - offset if length is None else length
+            if not (0 <= offset < size and 0 < length <= size - offset):
+                raise ValueError(f"range [{offset}, {offset + length}) outside the blob of {size} bytes")
             if self._active.get(version, 0) >= self.max_uploads:
-                return BUSY, b""
+                return BUSY, memoryview(b"")
             self._active[version] = self._active.get(version, 0) + 1
-            return OK, got[1]
+            return OK, memoryview(got[1])[offset : offset + length]
 
     def end_upload(self, version: int, nbytes: int) -> None:
         with self._lock:
             self._active[version] -= 1
             self.bytes_served += nbytes
             self.uploads += 1
+
+
+def weights_request(raw: bytes) -> tuple[int, str, int, int | None]:
+    """(version, sha256, offset, length or None for the whole blob) of a ``weights`` request; ValueError
+    if it is malformed: a range needs both fields, ints, offset >= 0 and length >= 1 (its end is checked
+    against the blob by ``WeightStore.begin_upload``)."""
+    req = unpack_map(raw, {"version": int, "sha256": str})
+    rng = [req.get(k) for k in ("offset", "length")]
+    if rng == [None, None]:
+        return req["version"], req["sha256"], 0, None
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in rng):
+        raise ValueError("a range needs int fields 'offset' and 'length'")
+    if rng[0] < 0 or rng[1] < 1:
+        raise ValueError(f"bad range: offset {rng[0]}, length {rng[1]}")
+    return req["version"], req["sha256"], rng[0], rng[1]
 
 
 def weights_handler(store: WeightStore, min_bps: float = 0.0, grace_s: float = 0.0,
@@ -96,21 +117,21 @@ def weights_handler(store: WeightStore, min_bps: float = 0.0, grace_s: float = 0
 
     async def handle(peer: str, reader, writer) -> None:
         try:
-            req = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"version": int, "sha256": str})
-        except (ValueError, FrameError) as e:  # a malformed or oversized request is answered with nothing, counted and logged
+            version, sha256, offset, length = weights_request(await read_frame(reader, MAX_CONTROL_BYTES))
+            status, part = store.begin_upload(version, sha256, offset, length)
+        except (ValueError, FrameError) as e:  # a malformed, oversized or out-of-range request is answered with nothing, counted and logged
             store.bad_requests += 1
             if reject is not None:
                 reject(peer, "bad_weights_request")
             if store.bad_requests <= 5 or store.bad_requests % 100 == 0:
                 log.warning("bad weights request from %s: %s (%d so far)", peer[-6:], e, store.bad_requests)
             return
-        status, blob = store.begin_upload(req["version"], req["sha256"])
         if status != OK:
             await write_frame(writer, status)
             return
         try:
-            await write_frame(writer, status, blob, min_bps=min_bps, grace_s=grace_s)
+            await write_frame(writer, status, part, min_bps=min_bps, grace_s=grace_s)
         finally:
-            store.end_upload(req["version"], len(blob))
+            store.end_upload(version, len(part))
 
     return handle

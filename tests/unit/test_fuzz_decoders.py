@@ -21,7 +21,7 @@ from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
 from p2prl.swarm.membership import Membership
-from p2prl.swarm.protocol import OK, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.protocol import OK, WeightStore, pack, unpack_map, weights_handler, weights_request
 from p2prl.swarm.reputation import HONEST, Reputation
 from p2prl.swarm.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
 from helpers.streams import Writer, frame
@@ -243,7 +243,10 @@ def test_fuzz_inputs_include_a_valid_state_and_record():
 @FUZZ
 @given(st.one_of(st.binary(max_size=512), VALUES.map(pack),
                  st.fixed_dictionaries({"version": VALUES, "sha256": VALUES}).map(pack),
-                 st.integers(-(2**63), 2**64 - 1).map(lambda v: pack({"version": v, "sha256": "ab" * 32}))))
+                 st.integers(-(2**63), 2**64 - 1).map(lambda v: pack({"version": v, "sha256": "ab" * 32})),
+                 st.fixed_dictionaries({"version": st.just(3), "sha256": st.just("ab" * 32)},
+                                       optional={"offset": st.one_of(VALUES, st.integers(-2, 9)),
+                                                 "length": st.one_of(VALUES, st.integers(-2, 9))}).map(pack)))
 def test_fuzz_weights_request(raw):
     store = WeightStore(keep=2, max_uploads_per_version=1)
     store.add(3, "ab" * 32, b"weights")
@@ -251,11 +254,15 @@ def test_fuzz_weights_request(raw):
     handle = weights_handler(store, reject=lambda peer, reason: reported.append((peer, reason)))
     w = serve(lambda r, w: handle(PEER, r, w), raw)
     try:
-        unpack_map(raw, {"version": int, "sha256": str})
+        version, _, offset, length = weights_request(raw)
+        if version == 3 and length is not None and not offset + length <= 7:
+            raise ValueError("range outside the blob")
     except ValueError:
         assert store.bad_requests == 1 and reported == [(PEER, "bad_weights_request")] and w.data == b""
         return
     assert store.bad_requests == 0 and not reported and w.data[8:9] in (OK, b"\x02")
+    if w.data[8:9] == OK:
+        assert w.data[9:] == b"weights"[offset : None if length is None else offset + length]
 
 
 # ---- DHT records: decode returns a record or None ----

@@ -1,0 +1,88 @@
+"""``train.wait_for_samplers``: the learner's wait for N distinct samplers before its first step."""
+
+import logging
+import threading
+
+from p2prl.config import load_config
+from p2prl.learner.loop import wait_for_samplers
+
+
+class Clock:
+    """Time that moves only when the waiter sleeps (``stop.wait``)."""
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+class Stop(threading.Event):
+    def __init__(self, clock: Clock):
+        super().__init__()
+        self.clock, self.waits = clock, 0
+
+    def wait(self, timeout=None):
+        self.clock.t += timeout
+        self.waits += 1
+        return self.is_set()
+
+
+def arrivals(schedule: dict[float, set[str]], clock: Clock):
+    """``seen()`` growing by ``schedule`` (time -> samplers seen from then on)."""
+    return lambda: set().union(*(s for t, s in schedule.items() if clock.t >= t))
+
+
+def test_the_wait_ends_when_the_nth_distinct_sampler_is_seen(caplog):
+    clock = Clock()
+    stop = Stop(clock)
+    seen = arrivals({0: {"s1"}, 3: {"s1", "s2"}, 7: {"s3"}, 50: {"s4"}}, clock)  # s1 seen twice counts once
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+        got = wait_for_samplers(3, seen, stop, timeout_s=60, poll_s=1.0, clock=clock)
+    assert got == {"s1", "s2", "s3"} and clock.t == 7
+    msgs = [r.getMessage() for r in caplog.records]
+    assert msgs[0] == "waiting for 3 samplers before the first step (1 seen; at most 60 s: train.wait_for_samplers_s)"
+    assert msgs[-1] == "3 samplers joined after 7.0 s; training starts"
+
+
+def test_the_wait_gives_up_after_its_timeout_and_says_so(caplog):
+    clock = Clock()
+    stop = Stop(clock)
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+        got = wait_for_samplers(3, arrivals({2: {"s1", "s2"}}, clock), stop, timeout_s=10, poll_s=1.0, clock=clock)
+    assert got == {"s1", "s2"} and clock.t == 10
+    assert caplog.records[-1].levelno == logging.WARNING
+    assert caplog.records[-1].getMessage() == "only 2 of 3 samplers joined within 10 s; training starts with them"
+
+
+def test_no_wait_when_enough_samplers_are_there_or_the_learner_stops(caplog):
+    clock = Clock()
+    stop = Stop(clock)
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+        assert wait_for_samplers(2, lambda: {"a", "b", "c"}, stop, 10, 1.0, clock) == {"a", "b", "c"}
+    assert stop.waits == 0 and [r.getMessage() for r in caplog.records] == ["3 samplers joined after 0.0 s; training starts"]
+    stop.set()
+    assert wait_for_samplers(2, lambda: set(), stop, 10, 1.0, clock) == set() and stop.waits == 0
+
+
+def test_wait_for_samplers_defaults_to_no_wait():
+    cfg = load_config(None, [])
+    assert cfg.train.wait_for_samplers == 0 and cfg.train.wait_for_samplers_s == 600.0
+    assert load_config(None, ["train.wait_for_samplers=3"]).train.wait_for_samplers == 3
+
+
+def test_samplers_seen_joins_the_dht_records_and_the_senders_of_waiting_groups():
+    from types import SimpleNamespace
+
+    from p2prl.learner.loop import Learner
+
+    asked = []
+
+    def peers(role):
+        asked.append(role)
+        return [SimpleNamespace(peer_id="dht-only"), SimpleNamespace(peer_id="both")]
+
+    fake = SimpleNamespace(lock=threading.Lock(), node=SimpleNamespace(peers=peers),
+                           buffer=SimpleNamespace(pending=[SimpleNamespace(sampler="both"), SimpleNamespace(sampler="sent")],
+                                                  first=[SimpleNamespace(sampler="requeued")]))
+    assert Learner.samplers_seen(fake) == {"dht-only", "both", "sent", "requeued"} and asked == ["sampler"]
