@@ -10,8 +10,11 @@ cell runs the same number of learner steps; cells with the same seed share the p
 order, the sampling seeds and the delay schedule (paired across algorithms). Cells run
 in parallel processes; each writes ``<out>/cells/<cell>/summary.json`` atomically when
 it has finished, and a rerun skips the cells whose summary matches their current
-config, so an interrupted grid resumes. The report (Markdown and CSV tables, PNG
-plots, the paper's targets) is written to ``<out>/``. What the grids share (resuming,
+config, so an interrupted grid resumes. The report is written to ``<out>/``: Markdown
+and CSV tables (mean ± std and the 95% Student-t interval over seeds; GEPO against GSPO
+and GRPO paired seed by seed at each delay; the observed lag next to the paper's), PNG
+plots (among them the paper's Figure 2 from the training logs: importance-weight
+variance against sampler-learner KL at every learner step) and the paper's targets. What the grids share (resuming,
 aggregation, tables, plots) is in ``p2prl.experiments.grid``.
 
 How this departs from the paper (arXiv 2508.17850):
@@ -38,6 +41,7 @@ import argparse
 import json
 import shutil
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -51,11 +55,16 @@ from p2prl.experiments.grid import (
     Target,
     finished_summary,
     fingerprint,
+    fmt_interval,
     markdown_table,
+    paired,
+    plot_weight_var_vs_kl,
     report_outcome,
     row_mean,
     staleness_effect,
     summarize_metrics,
+    t_interval,
+    write_csv,
     write_grid_files,
     write_json_atomic,
 )
@@ -70,6 +79,9 @@ QUICK_OVERRIDES = (
     "task.heldout_size=32",
 )
 DELAY_AXIS = Axis("delay", "max delay", "maximum delay", "maximum delay (policy versions)", "delay")
+PAPER_LAG = (26.5 / 64, 57 / 64)  # the paper's observed lag at "max delay 64": mean 26.5, max 57 versions
+COMPARISONS = (("gepo", "gspo"), ("gepo", "grpo"))  # paired per seed: GEPO's last accuracy minus the other's
+FIG2 = "is_weight_var_vs_kl.png"
 
 
 # ----------------------------------------------------------------------------
@@ -234,9 +246,66 @@ def targets_markdown(targets: list[Target]) -> str:
     return "\n".join(f"- {mark[t.met]}: {t.claim} ({t.detail})" for t in targets)
 
 
+def interval_table(summaries: list[dict], algos, delays) -> str:
+    """Accuracy per (algo, delay): mean over seeds with its 95% t-interval."""
+    keys = (("last_acc", "last acc"), ("best_acc", "best acc"), ("gap", "best - last"))
+    lines = ["| algo | max delay | seeds | " + " | ".join(f"{t} [95% CI]" for _, t in keys) + " |",
+             "|" + "---|" * (3 + len(keys))]
+    for algo in algos:
+        for d in sorted(delays):
+            cells = [c for c in summaries if c["algo"] == algo and c["delay"] == d]
+            vals = [fmt_interval(*t_interval([float(c[k]) for c in cells])) for k, _ in keys]
+            lines.append(f"| {algo} | {d} | {len(cells)} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(summaries: list[dict], algos, delays) -> str:
+    """GEPO against GSPO and GRPO at each delay, seed by seed (same seed = same prompts and delay schedule)."""
+    lines = ["| max delay | comparison | seeds | last acc difference, mean [95% CI] | wins / ties / seeds |",
+             "|---|---|---|---|---|"]
+    for d in sorted(delays):
+        for a, b in COMPARISONS:
+            if a not in algos or b not in algos:
+                continue
+            p = paired(summaries, a, b, d, DELAY_AXIS)
+            lines.append(f"| {d} | {a.upper()} - {b.upper()} | {len(p.diffs)} | {fmt_interval(*p.interval, '+.3f')} "
+                         f"| {p.wins} / {p.ties} / {len(p.diffs)} |")
+    return "\n".join(lines)
+
+
+def lag_table(summaries: list[dict], delays) -> str:
+    """Observed lag per delay (every cell of that delay), as a fraction of it, next to the paper's."""
+    pm, px = PAPER_LAG
+    lines = ["| max delay D | cells | lag mean | mean / D | lag max | max / D |", "|---|---|---|---|---|---|",
+             f"| paper (64) | | {pm * 64:.1f} | {pm:.2f} | {px * 64:.0f} | {px:.2f} |"]
+    for d in sorted(delays):
+        cells = [c for c in summaries if c["delay"] == d]
+        if not cells:
+            continue
+        mean = statistics.fmean(float(c["lag_mean"]) for c in cells)
+        top = max(float(c["lag_max"]) for c in cells)
+        ratio = (lambda v: f"{v / d:.2f}") if d else (lambda v: "-")
+        lines.append(f"| {d} | {len(cells)} | {mean:.2f} | {ratio(mean)} | {top:.0f} | {ratio(top)} |")
+    return "\n".join(lines)
+
+
+def step_points(summaries: list[dict], out: Path) -> dict[str, list[tuple[float, float]]]:
+    """(KL k3, importance-weight variance) of every learner step, per algorithm, read from each cell's
+    metrics.jsonl under ``out``/cells."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for s in sorted(summaries, key=lambda s: s["cell"]):
+        path = out / "cells" / s["cell"] / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        points.setdefault(s["algo"], []).extend(
+            (float(r["loss/kl_k3"]), float(r["loss/is_weight_var"])) for r in rows if "loss/kl_k3" in r)
+    return points
+
+
 def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
     """Tables (Markdown, CSV per (algo, delay) and per cell), targets and plots under ``out``."""
     rows, files = write_grid_files(summaries, algos, delays, out, DELAY_AXIS)
+    files["fig2"] = out / FIG2
+    plot_weight_var_vs_kl(step_points(summaries, out), files["fig2"])
     targets = check_targets(rows, delays)
     effect = staleness_effect(rows, algos, delays, DELAY_AXIS)
     markdown = (
@@ -245,11 +314,37 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
         "learner version minus the version that generated the data (mean over steps; max over steps). KL k3 and "
         "IS weight variance: means over learner steps of the objective's own metrics.\n\n"
         f"{markdown_table(rows, DELAY_AXIS)}\n\n"
+        "**Accuracy with 95% intervals** (mean over seeds [Student-t interval of the mean]; none with one seed):"
+        f"\n\n{interval_table(summaries, algos, delays)}\n\n"
+        "**Paired per seed** (cells with the same seed share prompts, sampling seeds and delay schedule; "
+        "difference of last accuracy, a win = GEPO higher):\n\n"
+        f"{paired_table(summaries, algos, delays)}\n\n"
+        f"**Observed lag vs the paper's** (all cells of a delay; the paper: max delay 64, mean lag 26.5, "
+        f"max 57):\n\n{lag_table(summaries, delays)}\n\n"
         f"**Paper's targets** (means over seeds):\n\n{targets_markdown(targets)}\n\n"
         "**Does staleness hurt?**\n\n" + "\n".join(f"- {line}" for line in effect) + "\n"
     )
     files["markdown"].write_text(markdown)
+    if write_paired_csv(summaries, algos, delays, out / "paired.csv"):
+        files["paired_csv"] = out / "paired.csv"
     return Report(rows, targets, markdown, files)
+
+
+def write_paired_csv(summaries: list[dict], algos, delays, path: Path) -> bool:
+    """The paired comparisons, one row per (delay, comparison), with the per-seed differences; False when the
+    grid has no pair of algorithms to compare (nothing written)."""
+    rows = []
+    for d in sorted(delays):
+        for a, b in COMPARISONS:
+            if a in algos and b in algos:
+                p = paired(summaries, a, b, d, DELAY_AXIS)
+                mean, lo, hi = p.interval
+                rows.append({"delay": d, "a": a, "b": b, "seeds": len(p.diffs), "diff_mean": mean, "ci_low": lo,
+                             "ci_high": hi, "wins": p.wins, "ties": p.ties,
+                             "diffs": " ".join(f"{x:+.4f}" for x in p.diffs)})
+    if rows:
+        write_csv(rows, path)
+    return bool(rows)
 
 
 # ----------------------------------------------------------------------------
