@@ -84,3 +84,18 @@ def test_the_flawed_base_data_drops_carries_at_the_given_rate():
     right = sum(s.endswith(">132") for s in texts) / len(texts)
     assert abs(right - 0.35**2) < 0.04  # both carries kept
     assert flawed_completion(t, 47, 85, 0.0, rng) == worked_sum(47, 85, 2)
+
+
+def test_the_shipped_scratchpad_base_loads_and_the_authors_config_uses_it():
+    from p2prl.config import load_config
+    from p2prl.policy import load_policy
+
+    root = BUILTIN_MODEL.parents[2]
+    cfg = load_config(root / "configs" / "latency-authors.toml")
+    assert cfg.task.name == "addition-scratchpad"
+    assert cfg.sampling.max_new_tokens >= make_task(cfg.task).max_answer_tokens
+    policy = load_policy(root / cfg.model.path)
+    assert policy.tokenizer.get_vocab() == build_tokenizer(SCRATCHPAD_CHARS).get_vocab()
+    assert policy.vocab_size == len(policy.tokenizer.get_vocab())
+    text = "47+85=" + worked_sum(47, 85, 2)
+    assert policy.tokenizer.decode(policy.tokenizer(text).input_ids) == text
