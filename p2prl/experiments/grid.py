@@ -329,9 +329,9 @@ def plot_weight_var_vs_kl(points: dict[str, list[tuple[float, float]]], path: Pa
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 4.0), dpi=100)
     for algo, pts in points.items():
-        drawn = [(k, w) for k, w in pts if k > 0 and w > 0]
         if not pts:
             continue
+        drawn = [(k, w) for k, w in pts if k > 0 and w > 0]
         skipped = f", {len(pts) - len(drawn)} at 0 not drawn" if len(drawn) < len(pts) else ""
         ax.scatter([k for k, _ in drawn], [w for _, w in drawn], s=6, alpha=0.4, color=COLORS.get(algo),
                    label=f"{algo.upper()} ({len(drawn)} steps{skipped})", edgecolors="none")

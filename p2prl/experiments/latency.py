@@ -21,6 +21,8 @@ How this departs from the paper (arXiv 2508.17850):
 
 * Model and task: the shipped 133k-parameter policy on 2-digit addition, not
   Qwen3-1.7B/8B on MATH; accuracy is greedy exact-match on held-out problems.
+  configs/latency-authors.toml uses the scratchpad variant (completions of about 20
+  tokens, its own 133k-parameter base), still far shorter than the paper's.
 * Delay is measured in learner versions, not seconds: the log-normal's median is
   ``staleness.lognormal_median_frac * d`` (339 s of 1920 s in the paper) and its
   sigma the paper's, clipped to ``d``. One in-process sampler makes one batch per
