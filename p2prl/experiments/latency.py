@@ -14,8 +14,9 @@ config, so an interrupted grid resumes. The report is written to ``<out>/``: Mar
 and CSV tables (mean ± std and the 95% Student-t interval over seeds; GEPO against GSPO
 and GRPO paired seed by seed at each delay; the observed lag next to the paper's), PNG
 plots (among them the paper's Figure 2 from the training logs: importance-weight
-variance against sampler-learner KL at every learner step) and the paper's targets. What the grids share (resuming,
-aggregation, tables, plots) is in ``p2prl.experiments.grid``.
+variance against sampler-learner KL at every learner step) and the paper's targets.
+What the grids share (resuming, aggregation, tables, plots) is in
+``p2prl.experiments.grid``.
 
 How this departs from the paper (arXiv 2508.17850):
 
@@ -53,6 +54,7 @@ from p2prl.experiments.grid import (
     Axis,
     GridRun,
     Outcome,
+    Paired,
     Report,
     Target,
     finished_summary,
@@ -261,17 +263,19 @@ def interval_table(summaries: list[dict], algos, delays) -> str:
     return "\n".join(lines)
 
 
-def paired_table(summaries: list[dict], algos, delays) -> str:
+def comparisons(summaries: list[dict], algos, delays) -> list[Paired]:
     """GEPO against GSPO and GRPO at each delay, seed by seed (same seed = same prompts and delay schedule)."""
+    return [paired(summaries, a, b, d, DELAY_AXIS) for d in sorted(delays) for a, b in COMPARISONS
+            if a in algos and b in algos]
+
+
+def paired_table(pairs: list[Paired]) -> str:
+    """The paired comparisons as a Markdown table."""
     lines = ["| max delay | comparison | seeds | last acc difference, mean [95% CI] | wins / ties / seeds |",
              "|---|---|---|---|---|"]
-    for d in sorted(delays):
-        for a, b in COMPARISONS:
-            if a not in algos or b not in algos:
-                continue
-            p = paired(summaries, a, b, d, DELAY_AXIS)
-            lines.append(f"| {d} | {a.upper()} - {b.upper()} | {len(p.diffs)} | {fmt_interval(*p.interval, '+.3f')} "
-                         f"| {p.wins} / {p.ties} / {len(p.diffs)} |")
+    for p in pairs:
+        lines.append(f"| {p.x} | {p.a.upper()} - {p.b.upper()} | {len(p.diffs)} | "
+                     f"{fmt_interval(*p.interval, '+.3f')} | {p.wins} / {p.ties} / {len(p.diffs)} |")
     return "\n".join(lines)
 
 
@@ -286,8 +290,8 @@ def lag_table(summaries: list[dict], delays) -> str:
             continue
         mean = statistics.fmean(float(c["lag_mean"]) for c in cells)
         top = max(float(c["lag_max"]) for c in cells)
-        ratio = (lambda v: f"{v / d:.2f}") if d else (lambda v: "-")
-        lines.append(f"| {d} | {len(cells)} | {mean:.2f} | {ratio(mean)} | {top:.0f} | {ratio(top)} |")
+        mean_d, top_d = (f"{mean / d:.2f}", f"{top / d:.2f}") if d else ("-", "-")
+        lines.append(f"| {d} | {len(cells)} | {mean:.2f} | {mean_d} | {top:.0f} | {top_d} |")
     return "\n".join(lines)
 
 
@@ -310,6 +314,7 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
     plot_weight_var_vs_kl(step_points(summaries, out), files["fig2"])
     targets = check_targets(rows, delays)
     effect = staleness_effect(rows, algos, delays, DELAY_AXIS)
+    pairs = comparisons(summaries, algos, delays)
     markdown = (
         "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy exact match on held-out problems; "
         "best = best periodic evaluation after the start, last = evaluation at the final version. Lag: "
@@ -320,33 +325,27 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
         f"\n\n{interval_table(summaries, algos, delays)}\n\n"
         "**Paired per seed** (cells with the same seed share prompts, sampling seeds and delay schedule; "
         "difference of last accuracy, a win = GEPO higher):\n\n"
-        f"{paired_table(summaries, algos, delays)}\n\n"
+        f"{paired_table(pairs)}\n\n"
         f"**Observed lag vs the paper's** (all cells of a delay; the paper: max delay 64, mean lag 26.5, "
         f"max 57):\n\n{lag_table(summaries, delays)}\n\n"
         f"**Paper's targets** (means over seeds):\n\n{targets_markdown(targets)}\n\n"
         "**Does staleness hurt?**\n\n" + "\n".join(f"- {line}" for line in effect) + "\n"
     )
     files["markdown"].write_text(markdown)
-    if write_paired_csv(summaries, algos, delays, out / "paired.csv"):
+    if pairs:
         files["paired_csv"] = out / "paired.csv"
+        write_csv(paired_rows(pairs), files["paired_csv"])
     return Report(rows, targets, markdown, files)
 
 
-def write_paired_csv(summaries: list[dict], algos, delays, path: Path) -> bool:
-    """The paired comparisons, one row per (delay, comparison), with the per-seed differences; False when the
-    grid has no pair of algorithms to compare (nothing written)."""
+def paired_rows(pairs: list[Paired]) -> list[dict]:
+    """The paired comparisons as CSV rows, with the per-seed differences."""
     rows = []
-    for d in sorted(delays):
-        for a, b in COMPARISONS:
-            if a in algos and b in algos:
-                p = paired(summaries, a, b, d, DELAY_AXIS)
-                mean, lo, hi = p.interval
-                rows.append({"delay": d, "a": a, "b": b, "seeds": len(p.diffs), "diff_mean": mean, "ci_low": lo,
-                             "ci_high": hi, "wins": p.wins, "ties": p.ties,
-                             "diffs": " ".join(f"{x:+.4f}" for x in p.diffs)})
-    if rows:
-        write_csv(rows, path)
-    return bool(rows)
+    for p in pairs:
+        mean, lo, hi = p.interval
+        rows.append({"delay": p.x, "a": p.a, "b": p.b, "seeds": len(p.diffs), "diff_mean": mean, "ci_low": lo,
+                     "ci_high": hi, "wins": p.wins, "ties": p.ties, "diffs": " ".join(f"{x:+.4f}" for x in p.diffs)})
+    return rows
 
 
 # ----------------------------------------------------------------------------

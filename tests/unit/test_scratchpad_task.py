@@ -7,7 +7,12 @@ from p2prl.config import TaskConfig
 from p2prl.policy import BUILTIN_MODEL
 from p2prl.policy.make_base import SCRATCHPAD_CHARS, build_tokenizer, flawed_completion
 from p2prl.tasks import make_task
-from p2prl.tasks.addition import AdditionTask, ScratchpadAdditionTask, score_scratchpad, worked_sum
+from p2prl.tasks.addition import (
+    AdditionTask,
+    ScratchpadAdditionTask,
+    score_scratchpad,
+    worked_sum,
+)
 
 
 def test_worked_sum_writes_every_column_with_its_carry():
