@@ -1,12 +1,15 @@
 """Benchmark: GRPO vs GSPO vs GEPO against the maximum sync delay (the GEPO paper's latency figure).
 
-    python benchmarks/latency_grid.py [--fresh] [--jobs N] [section.key=value ...]
+    python benchmarks/latency_grid.py [--config FILE] [--seeds N] [--fresh] [--jobs N] [section.key=value ...]
 
 Runs ``p2prl experiment latency`` (algorithm x max delay {0, 4, 8, 16, 32} x 3 seeds,
 configs/latency.toml) into runs/latency/, copies its plots to docs/img/ and writes the
-table, the paper's targets and the wall time into docs/results.md, whatever they show.
-Without --fresh, finished cells from an earlier (interrupted) run are reused and the
-section says how many.
+tables (mean ± std, 95% intervals, GEPO paired per seed against GSPO and GRPO, observed
+lag next to the paper's), the paper's targets and the wall time into docs/results.md,
+whatever they show. ``--config configs/latency-authors.toml --seeds 5`` runs the grid in
+the HeteroRL authors' setting into runs/latency-authors/ and its own section
+(``latency_grid_latency-authors``). Without --fresh, finished cells from an earlier
+(interrupted) run are reused and the section says how many.
 """
 
 from __future__ import annotations
@@ -26,23 +29,42 @@ from p2prl.config import load_config  # noqa: E402
 from p2prl.experiments import grid, latency  # noqa: E402
 
 CONFIG = "configs/latency.toml"
-OUT = "runs/latency"
 IMG = ROOT / "docs" / "img"
 
 
-def setting(overrides: list[str]) -> str:
+def delay_words(st) -> str:
+    """The config's sync delay form, in words."""
+    if st.delay == "authors":
+        return (f"the authors' clip(LogNormal({st.authors_mu:g}, {st.authors_sigma:g}) s - {st.authors_shift_s:g} s, "
+                f"{st.authors_floor_s:g} s, {st.authors_cap_s:g} s), the cap mapped to D")
+    if st.delay == "calibrated":
+        return (f"calibrated in versions (reload once the data lags u x D, u uniform in {st.calibrated_low_frac:g}.."
+                f"{st.calibrated_high_frac:g})")
+    return (f"clipped log-normal in policy versions, median {st.lognormal_median_frac:g} x D, sigma "
+            f"{st.lognormal_sigma:g}, clip D")
+
+
+def setting(config: str, overrides: list[str]) -> str:
     """The base config of every cell, in words, read from the config file (not typed by hand)."""
-    c = load_config(ROOT / CONFIG, overrides)
+    c = load_config(ROOT / config, overrides)
     t, s, a, st = c.train, c.sampling, c.algo, c.staleness
-    return (
-        f"Setting (`{CONFIG}`{' + ' + ' '.join(overrides) if overrides else ''}): the shipped base policy on "
-        f"{c.task.digits}-digit addition; {t.steps} learner steps per cell, {t.groups_per_step} groups of "
-        f"G = {s.group_size} per step, lr {t.lr:g} (warmup {t.warmup_frac:.0%}), temperature {s.temperature:g}, "
-        f"eps {a.eps:g}; GSPO clip {a.gspo_eps_low:g} / {a.gspo_eps_high:g}; held-out accuracy on "
-        f"{c.task.heldout_size} problems every {t.eval_every} versions. Delay: clipped log-normal in policy "
-        f"versions, median {st.lognormal_median_frac:g} x D, sigma {st.lognormal_sigma:g}, clip D; learner "
-        f"window D; D = 0 is online.\n\n"
-        "Why this setting: it is the shipped default training setting (the one `benchmarks/train_accuracy.py` "
+    model = "the shipped base policy" if c.model.path == "builtin" else f"the base policy `{c.model.path}`"
+    scaling = {True: "on", False: "off", None: "on for GRPO/GSPO, off for GEPO"}[a.scale_std]
+    text = (
+        f"Setting (`{config}`{' + ' + ' '.join(overrides) if overrides else ''}): {model} on "
+        f"{c.task.digits}-digit `{c.task.name}` (completions of up to {s.max_new_tokens} tokens); {t.steps} "
+        f"learner steps per cell, {t.groups_per_step} groups of G = {s.group_size} per step, lr {t.lr:g} "
+        f"(warmup {t.warmup_frac:.0%}), temperature {s.temperature:g}, eps {a.eps:g}; GSPO clip "
+        f"{a.gspo_eps_low:g} / {a.gspo_eps_high:g}; k3 KL weight {a.beta_kl:g} on every objective; std scaling of "
+        f"advantages {scaling}; GEPO denominator over the {a.scope}"
+        + (f" (shuffled chunks of {a.batch_rows} rows)" if a.scope == "batch" else "")
+        + f"; held-out accuracy on {c.task.heldout_size} problems every {t.eval_every} versions. Delay: "
+        f"{delay_words(st)}; learner window D, admission rule `{st.rule}`; D = 0 is online."
+    )
+    if config != CONFIG:
+        return text
+    return text + (
+        "\n\nWhy this setting: it is the shipped default training setting (the one `benchmarks/train_accuracy.py` "
         "measures), kept so that the grid needs no tuning per method; the \"Does staleness hurt?\" lines below "
         "say whether staleness hurts each method at it. GSPO runs with clip 0.2, as in the HeteroRL "
         "experiments whose figure this reproduces; the GSPO paper's 3e-4 / 4e-4 (the config default) binds "
@@ -52,13 +74,14 @@ def setting(overrides: list[str]) -> str:
     )
 
 
-def copy_plots(report: grid.Report) -> dict[str, str]:
-    """Copy the PNGs to docs/img/latency_*.png; returns Markdown links relative to docs/."""
+def copy_plots(report: grid.Report, prefix: str) -> dict[str, str]:
+    """Copy the PNGs to docs/img/<prefix>_*.png; returns Markdown links relative to docs/."""
     IMG.mkdir(parents=True, exist_ok=True)
     links = {}
-    for key in grid.PLOTS:
-        src = report.files[key]
-        dst = IMG / f"latency_{src.name}"
+    for key, src in report.files.items():
+        if src.suffix != ".png":
+            continue
+        dst = IMG / f"{prefix}_{src.name}"
         shutil.copyfile(src, dst)
         links[key] = f"img/{dst.name}"
     return links
@@ -66,41 +89,55 @@ def copy_plots(report: grid.Report) -> dict[str, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--fresh", action="store_true", help=f"remove {OUT} first, so every cell is run and timed")
+    ap.add_argument("--config", default=CONFIG, help=f"base config of every cell, relative to the repository "
+                    f"(default {CONFIG}; another config gets its own output folder, plots and section)")
+    ap.add_argument("--seeds", type=int, default=None, help="seeds per (algo, delay) (default 3)")
+    ap.add_argument("--fresh", action="store_true", help="remove the output folder first, so every cell is run and timed")
     ap.add_argument("--jobs", type=int, default=None, help="cells at once (default: CPU count)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every cell")
     args = ap.parse_args()
+    stem = Path(args.config).stem
+    out = f"runs/{stem}"
     if args.fresh:
-        shutil.rmtree(ROOT / OUT, ignore_errors=True)
-    argv = ["experiment", "latency", "--config", str(ROOT / CONFIG), "--out", str(ROOT / OUT), "--no-progress"]
-    if args.jobs:
-        argv += ["--jobs", str(args.jobs)]
+        shutil.rmtree(ROOT / out, ignore_errors=True)
+    argv = ["experiment", "latency", "--config", str(ROOT / args.config), "--out", str(ROOT / out), "--no-progress"]
+    for flag, value in (("--jobs", args.jobs), ("--seeds", args.seeds)):
+        if value:
+            argv += [flag, str(value)]
     ns = cli.build_parser().parse_args(argv + args.overrides)
     outcome = latency.run_latency(ns)
     run = outcome.run
     if run.failed:
         print("failed cells:\n  " + "\n  ".join(run.failed), file=sys.stderr)
         return 1
-    links = copy_plots(outcome.report)
+    links = copy_plots(outcome.report, stem)
     cell_s = sum(s["wall_s"] for s in run.summaries)
     timing = (
         f"Wall time: {run.wall_s / 60:.1f} min for {run.ran} cells run now, {ns.jobs} at a time"
         + (f" ({run.skipped} finished cells reused from an earlier run)" if run.skipped else "")
         + f"; {cell_s / 60:.1f} min of training summed over all {len(run.summaries)} cells. "
-        f"Equivalent command: `p2prl experiment latency --config {CONFIG} --out {OUT}"
+        f"Equivalent command: `p2prl experiment latency --config {args.config} --out {out}"
+        + (f" --seeds {args.seeds}" if args.seeds else "")
         + (" " + " ".join(args.overrides) if args.overrides else "") + "`."
     )
     body = (
-        f"{setting(args.overrides)}\n\n{timing}\n\n{outcome.report.markdown}\n"
+        f"{setting(args.config, args.overrides)}\n\n{timing}\n\n{outcome.report.markdown}\n"
         f"![accuracy vs maximum delay]({links['accuracy']})\n"
         f"![training curves at the largest delay]({links['curves']})\n"
-        f"![KL and importance-weight variance vs maximum delay]({links['kl']})\n\n"
-        f"Per-cell numbers: `{OUT}/cells.csv`; per (algo, delay) with mean/std/min/max: `{OUT}/results.csv`."
+        f"![KL and importance-weight variance vs maximum delay]({links['kl']})\n"
+        f"![importance-weight variance vs KL, every learner step]({links['fig2']})\n\n"
+        f"Per-cell numbers: `{out}/cells.csv`; per (algo, delay) with mean/std/min/max: `{out}/results.csv`; "
+        f"paired differences per seed: `{out}/paired.csv`."
     )
     print(body)
-    shown = " ".join(["python benchmarks/latency_grid.py", *(["--fresh"] if args.fresh else []),
+    shown = " ".join(["python benchmarks/latency_grid.py",
+                      *([f"--config {args.config}"] if args.config != CONFIG else []),
+                      *([f"--seeds {args.seeds}"] if args.seeds else []), *(["--fresh"] if args.fresh else []),
                       *([f"--jobs {args.jobs}"] if args.jobs else []), *args.overrides])
-    write_section("latency_grid", "Accuracy under latency: GRPO vs GSPO vs GEPO", shown, body)
+    name, title = "latency_grid", "Accuracy under latency: GRPO vs GSPO vs GEPO"
+    if args.config != CONFIG:
+        name, title = f"latency_grid_{stem}", f"{title} (`{args.config}`)"
+    write_section(name, title, shown, body)
     return 0
 
 

@@ -238,8 +238,10 @@ def _add_experiment_parsers(sub) -> None:
         "delay (delay 0 = online) and the learner's window equal to the maximum delay, the same number of "
         "learner steps in every cell. Cells run in parallel processes and resume: a finished cell (its "
         "summary.json matches its config) is skipped. Writes results.md, results.csv (per algo and delay: "
-        "mean/std/min/max over seeds), cells.csv and PNG plots to --out, and prints the table and the "
-        "paper's targets."),
+        "mean/std/min/max over seeds), cells.csv, paired.csv (GEPO vs GSPO and GRPO, seed by seed) and PNG plots "
+        "(among them importance-weight variance against KL at every learner step) to --out, and prints the "
+        "tables (with 95% intervals over seeds, the paired comparison and the observed lag next to the "
+        "paper's) and the paper's targets."),
         epilog="examples:\n  p2prl experiment latency                    # the full grid into runs/latency\n"
         "  p2prl experiment latency --quick            # smoke run of the whole pipeline\n"
         "  p2prl experiment latency train.steps=200    # any config override, for every cell",

@@ -40,9 +40,9 @@ class ModelConfig(_Section):
 
 
 class TaskConfig(_Section):
-    name: str = Field("addition", min_length=1, max_length=200, pattern=r"^(addition|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
-                      description="The task: 'addition' (built in), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
-    digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition task.")
+    name: str = Field("addition", min_length=1, max_length=200, pattern=r"^(addition|addition-scratchpad|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+                      description="The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries, then the answer; tens of tokens; needs its own base, e.g. p2prl/assets/addition-scratchpad), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
+    digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition tasks.")
     seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
     heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")
     heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of problems (by a hash of their id) kept out of training for evaluation.")

@@ -174,6 +174,58 @@ def staleness_effect(rows: list[dict], algos, xs, axis: Axis) -> list[str]:
     return lines
 
 
+def t_interval(vals: list[float], level: float = 0.95) -> tuple[float, float, float]:
+    """The mean of ``vals`` and the two-sided Student-t ``level`` interval of that mean (n - 1 degrees of
+    freedom); the interval is (nan, nan) with fewer than two values."""
+    from scipy import stats
+
+    n = len(vals)
+    if n == 0:
+        return math.nan, math.nan, math.nan
+    mean = statistics.fmean(vals)
+    if n < 2:
+        return mean, math.nan, math.nan
+    half = stats.t.ppf(0.5 + level / 2, n - 1) * statistics.stdev(vals) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+@dataclass(frozen=True)
+class Paired:
+    """``a`` against ``b`` at one x, seed by seed: the differences ``a - b`` of one metric and their summary."""
+
+    a: str
+    b: str
+    x: object
+    diffs: tuple[float, ...]  # one per seed both finished, in seed order
+
+    @property
+    def interval(self) -> tuple[float, float, float]:
+        return t_interval(list(self.diffs))
+
+    @property
+    def wins(self) -> int:
+        return sum(d > 0 for d in self.diffs)
+
+    @property
+    def ties(self) -> int:
+        return sum(d == 0 for d in self.diffs)
+
+
+def paired(summaries: list[dict], a: str, b: str, x, axis: Axis, key: str = "last_acc") -> Paired:
+    """``a`` vs ``b`` at ``x``: ``key`` of ``a`` minus that of ``b`` for every seed where both cells finished."""
+    by_seed = {alg: {s["seed"]: float(s[key]) for s in summaries if s["algo"] == alg and s[axis.key] == x}
+               for alg in (a, b)}
+    seeds = sorted(set(by_seed[a]) & set(by_seed[b]))
+    return Paired(a, b, x, tuple(by_seed[a][s] - by_seed[b][s] for s in seeds))
+
+
+def fmt_interval(mean: float, lo: float, hi: float, fmt: str = ".3f") -> str:
+    """``mean [lo, hi]``, or the mean alone when there is no interval."""
+    if math.isnan(mean):
+        return "-"
+    return f"{mean:{fmt}}" + ("" if math.isnan(lo) else f" [{lo:{fmt}}, {hi:{fmt}}]")
+
+
 @dataclass
 class Target:
     """One of the paper's claims, checked on a grid. ``met`` is None when it cannot be evaluated."""
@@ -266,6 +318,30 @@ def plot_kl_weight_var(rows: list[dict], algos, xs, path: Path, axis: Axis) -> N
         ax.set_title(title + "\n(mean over seeds, bars: min-max)", fontsize=9)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_weight_var_vs_kl(points: dict[str, list[tuple[float, float]]], path: Path) -> None:
+    """Importance-weight variance against sampler-learner KL, one point per learner step, one colour per
+    algorithm (log-log; steps where either is exactly 0 cannot be drawn and are counted in the legend)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.5, 4.0), dpi=100)
+    for algo, pts in points.items():
+        if not pts:
+            continue
+        drawn = [(k, w) for k, w in pts if k > 0 and w > 0]
+        skipped = f", {len(pts) - len(drawn)} at 0 not drawn" if len(drawn) < len(pts) else ""
+        ax.scatter([k for k, _ in drawn], [w for _, w in drawn], s=6, alpha=0.4, color=COLORS.get(algo),
+                   label=f"{algo.upper()} ({len(drawn)} steps{skipped})", edgecolors="none")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("KL k3 (sampler-learner), per learner step")
+    ax.set_ylabel("importance-weight variance, per learner step")
+    ax.set_title("IS weight variance vs KL (every learner step of every cell)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, markerscale=2)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -10,14 +10,20 @@ cell runs the same number of learner steps; cells with the same seed share the p
 order, the sampling seeds and the delay schedule (paired across algorithms). Cells run
 in parallel processes; each writes ``<out>/cells/<cell>/summary.json`` atomically when
 it has finished, and a rerun skips the cells whose summary matches their current
-config, so an interrupted grid resumes. The report (Markdown and CSV tables, PNG
-plots, the paper's targets) is written to ``<out>/``. What the grids share (resuming,
-aggregation, tables, plots) is in ``p2prl.experiments.grid``.
+config, so an interrupted grid resumes. The report is written to ``<out>/``: Markdown
+and CSV tables (mean ± std and the 95% Student-t interval over seeds; GEPO against GSPO
+and GRPO paired seed by seed at each delay; the observed lag next to the paper's), PNG
+plots (among them the paper's Figure 2 from the training logs: importance-weight
+variance against sampler-learner KL at every learner step) and the paper's targets.
+What the grids share (resuming, aggregation, tables, plots) is in
+``p2prl.experiments.grid``.
 
 How this departs from the paper (arXiv 2508.17850):
 
 * Model and task: the shipped 133k-parameter policy on 2-digit addition, not
   Qwen3-1.7B/8B on MATH; accuracy is greedy exact-match on held-out problems.
+  configs/latency-authors.toml uses the scratchpad variant (completions of about 20
+  tokens, its own 133k-parameter base), still far shorter than the paper's.
 * Delay is measured in learner versions, not seconds: the log-normal's median is
   ``staleness.lognormal_median_frac * d`` (339 s of 1920 s in the paper) and its
   sigma the paper's, clipped to ``d``. One in-process sampler makes one batch per
@@ -38,6 +44,7 @@ import argparse
 import json
 import shutil
 import signal
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -47,15 +54,21 @@ from p2prl.experiments.grid import (
     Axis,
     GridRun,
     Outcome,
+    Paired,
     Report,
     Target,
     finished_summary,
     fingerprint,
+    fmt_interval,
     markdown_table,
+    paired,
+    plot_weight_var_vs_kl,
     report_outcome,
     row_mean,
     staleness_effect,
     summarize_metrics,
+    t_interval,
+    write_csv,
     write_grid_files,
     write_json_atomic,
 )
@@ -70,6 +83,9 @@ QUICK_OVERRIDES = (
     "task.heldout_size=32",
 )
 DELAY_AXIS = Axis("delay", "max delay", "maximum delay", "maximum delay (policy versions)", "delay")
+PAPER_LAG = (26.5 / 64, 57 / 64)  # the paper's observed lag at "max delay 64": mean 26.5, max 57 versions
+COMPARISONS = (("gepo", "gspo"), ("gepo", "grpo"))  # paired per seed: GEPO's last accuracy minus the other's
+FIG2 = "is_weight_var_vs_kl.png"
 
 
 # ----------------------------------------------------------------------------
@@ -234,22 +250,102 @@ def targets_markdown(targets: list[Target]) -> str:
     return "\n".join(f"- {mark[t.met]}: {t.claim} ({t.detail})" for t in targets)
 
 
+def interval_table(summaries: list[dict], algos, delays) -> str:
+    """Accuracy per (algo, delay): mean over seeds with its 95% t-interval."""
+    keys = (("last_acc", "last acc"), ("best_acc", "best acc"), ("gap", "best - last"))
+    lines = ["| algo | max delay | seeds | " + " | ".join(f"{t} [95% CI]" for _, t in keys) + " |",
+             "|" + "---|" * (3 + len(keys))]
+    for algo in algos:
+        for d in sorted(delays):
+            cells = [c for c in summaries if c["algo"] == algo and c["delay"] == d]
+            vals = [fmt_interval(*t_interval([float(c[k]) for c in cells])) for k, _ in keys]
+            lines.append(f"| {algo} | {d} | {len(cells)} | " + " | ".join(vals) + " |")
+    return "\n".join(lines)
+
+
+def comparisons(summaries: list[dict], algos, delays) -> list[Paired]:
+    """GEPO against GSPO and GRPO at each delay, seed by seed (same seed = same prompts and delay schedule)."""
+    return [paired(summaries, a, b, d, DELAY_AXIS) for d in sorted(delays) for a, b in COMPARISONS
+            if a in algos and b in algos]
+
+
+def paired_table(pairs: list[Paired]) -> str:
+    """The paired comparisons as a Markdown table."""
+    lines = ["| max delay | comparison | seeds | last acc difference, mean [95% CI] | wins / ties / seeds |",
+             "|---|---|---|---|---|"]
+    for p in pairs:
+        lines.append(f"| {p.x} | {p.a.upper()} - {p.b.upper()} | {len(p.diffs)} | "
+                     f"{fmt_interval(*p.interval, '+.3f')} | {p.wins} / {p.ties} / {len(p.diffs)} |")
+    return "\n".join(lines)
+
+
+def lag_table(summaries: list[dict], delays) -> str:
+    """Observed lag per delay (every cell of that delay), as a fraction of it, next to the paper's."""
+    pm, px = PAPER_LAG
+    lines = ["| max delay D | cells | lag mean | mean / D | lag max | max / D |", "|---|---|---|---|---|---|",
+             f"| paper (64) | | {pm * 64:.1f} | {pm:.2f} | {px * 64:.0f} | {px:.2f} |"]
+    for d in sorted(delays):
+        cells = [c for c in summaries if c["delay"] == d]
+        if not cells:
+            continue
+        mean = statistics.fmean(float(c["lag_mean"]) for c in cells)
+        top = max(float(c["lag_max"]) for c in cells)
+        mean_d, top_d = (f"{mean / d:.2f}", f"{top / d:.2f}") if d else ("-", "-")
+        lines.append(f"| {d} | {len(cells)} | {mean:.2f} | {mean_d} | {top:.0f} | {top_d} |")
+    return "\n".join(lines)
+
+
+def step_points(summaries: list[dict], out: Path) -> dict[str, list[tuple[float, float]]]:
+    """(KL k3, importance-weight variance) of every learner step, per algorithm, read from each cell's
+    metrics.jsonl under ``out``/cells."""
+    points: dict[str, list[tuple[float, float]]] = {}
+    for s in sorted(summaries, key=lambda s: s["cell"]):
+        path = out / "cells" / s["cell"] / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        points.setdefault(s["algo"], []).extend(
+            (float(r["loss/kl_k3"]), float(r["loss/is_weight_var"])) for r in rows if "loss/kl_k3" in r)
+    return points
+
+
 def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
     """Tables (Markdown, CSV per (algo, delay) and per cell), targets and plots under ``out``."""
     rows, files = write_grid_files(summaries, algos, delays, out, DELAY_AXIS)
+    files["fig2"] = out / FIG2
+    plot_weight_var_vs_kl(step_points(summaries, out), files["fig2"])
     targets = check_targets(rows, delays)
     effect = staleness_effect(rows, algos, delays, DELAY_AXIS)
+    pairs = comparisons(summaries, algos, delays)
     markdown = (
         "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy exact match on held-out problems; "
         "best = best periodic evaluation after the start, last = evaluation at the final version. Lag: "
         "learner version minus the version that generated the data (mean over steps; max over steps). KL k3 and "
         "IS weight variance: means over learner steps of the objective's own metrics.\n\n"
         f"{markdown_table(rows, DELAY_AXIS)}\n\n"
+        "**Accuracy with 95% intervals** (mean over seeds [Student-t interval of the mean]; none with one seed):"
+        f"\n\n{interval_table(summaries, algos, delays)}\n\n"
+        "**Paired per seed** (cells with the same seed share prompts, sampling seeds and delay schedule; "
+        "difference of last accuracy, a win = GEPO higher):\n\n"
+        f"{paired_table(pairs)}\n\n"
+        f"**Observed lag vs the paper's** (all cells of a delay; the paper: max delay 64, mean lag 26.5, "
+        f"max 57):\n\n{lag_table(summaries, delays)}\n\n"
         f"**Paper's targets** (means over seeds):\n\n{targets_markdown(targets)}\n\n"
         "**Does staleness hurt?**\n\n" + "\n".join(f"- {line}" for line in effect) + "\n"
     )
     files["markdown"].write_text(markdown)
+    if pairs:
+        files["paired_csv"] = out / "paired.csv"
+        write_csv(paired_rows(pairs), files["paired_csv"])
     return Report(rows, targets, markdown, files)
+
+
+def paired_rows(pairs: list[Paired]) -> list[dict]:
+    """The paired comparisons as CSV rows, with the per-seed differences."""
+    rows = []
+    for p in pairs:
+        mean, lo, hi = p.interval
+        rows.append({"delay": p.x, "a": p.a, "b": p.b, "seeds": len(p.diffs), "diff_mean": mean, "ci_low": lo,
+                     "ci_high": hi, "wins": p.wins, "ties": p.ties, "diffs": " ".join(f"{x:+.4f}" for x in p.diffs)})
+    return rows
 
 
 # ----------------------------------------------------------------------------

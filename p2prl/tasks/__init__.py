@@ -11,11 +11,13 @@ __all__ = ["Problem", "Task", "TaskError", "make_task", "render_prompt", "uses_c
 
 
 def make_task(cfg: TaskConfig) -> Task:
-    """The task named by ``cfg.name``: ``addition``, ``math`` or ``module:Class`` (called with ``cfg``)."""
-    if cfg.name == "addition":
-        from p2prl.tasks.addition import AdditionTask
+    """The task named by ``cfg.name``: ``addition``, ``addition-scratchpad``, ``math`` or ``module:Class``
+    (called with ``cfg``)."""
+    if cfg.name in ("addition", "addition-scratchpad"):
+        from p2prl.tasks.addition import AdditionTask, ScratchpadAdditionTask
 
-        return AdditionTask(digits=cfg.digits, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
+        cls = AdditionTask if cfg.name == "addition" else ScratchpadAdditionTask
+        return cls(digits=cfg.digits, seed=cfg.seed, heldout_fraction=cfg.heldout_fraction)
     if cfg.name == "math":
         from p2prl.tasks.math import MathTask
 

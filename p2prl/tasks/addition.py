@@ -1,9 +1,14 @@
-"""The built-in verifiable task: multi-digit addition with a parsed 0/1 reward.
+"""The built-in verifiable tasks: multi-digit addition with a parsed 0/1 reward.
 
 Prompts come from a deterministic generator keyed by ``prompt_id``, so any peer can
 rebuild a prompt from its id and recompute the reward itself. Operand pairs are split
 once, by a hash of the pair, into a training split and a held-out split; training
 prompts never use held-out pairs.
+
+Two variants share prompts and split: ``addition`` (the completion is the sum, a few
+tokens) and ``addition-scratchpad`` (the completion works the sum column by column with
+its carries, then gives the answer after ``>``: tens of tokens, so that sequence-level
+importance weights and KL act on long completions; only the final answer is rewarded).
 """
 
 from __future__ import annotations
@@ -69,3 +74,49 @@ class AdditionTask(Task):
 def score(completion: str, answer: int) -> float:
     m = _ANSWER.fullmatch(completion) if isinstance(completion, str) else None
     return 1.0 if m is not None and int(m.group(1)) == answer else 0.0
+
+
+@dataclass(frozen=True)
+class ScratchpadAdditionTask(AdditionTask):
+    """``a+b=`` as in ``AdditionTask``; the completion works the sum before answering.
+
+    Format (``worked_sum``): one ``x+y+c=s`` per column, ones first (``c`` the carry in),
+    columns separated by ``,``, then ``>`` and the sum: ``47+85=`` -> ``7+5+0=12,4+8+1=13>132``.
+    The reward is 1.0 when the text after the last ``>`` is exactly the correct sum; the
+    scratchpad itself is not scored (a wrong scratchpad with a right answer still earns 1).
+    """
+
+    name = "addition-scratchpad"
+
+    @property
+    def max_answer_tokens(self) -> int:
+        # per column at most 8 characters ("9+9+1=19"), digits - 1 commas, ">", the sum, an end token
+        return 10 * self.digits + 2
+
+    def score(self, problem: Problem, completion: str) -> float:
+        """1.0 if the text after the last ``>`` of ``completion`` is exactly the correct sum, else 0.0; never raises."""
+        return score_scratchpad(completion, problem.answer)
+
+    def fingerprint(self) -> str:
+        return f"addition-scratchpad:digits={self.digits}:seed={self.seed}:heldout={self.heldout_fraction}"
+
+
+def worked_sum(a: int, b: int, digits: int, drop_carry=lambda: False) -> str:
+    """The scratchpad completion of ``a+b`` over ``digits`` columns; a carry is dropped whenever ``drop_carry()`` is
+    true (the answer then follows the flawed columns, as a model that forgot the carry would write it)."""
+    columns, ones, carry = [], [], 0
+    for i in range(digits):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        s = x + y + carry
+        columns.append(f"{x}+{y}+{carry}={s}")
+        ones.append(str(s % 10))
+        carry = 0 if drop_carry() else s // 10
+    total = ("1" if carry else "") + "".join(reversed(ones))
+    return ",".join(columns) + ">" + str(int(total))
+
+
+def score_scratchpad(completion: str, answer: int) -> float:
+    if not isinstance(completion, str):
+        return 0.0
+    _, sep, final = completion.rpartition(">")
+    return score(final, answer) if sep else 0.0
