@@ -22,7 +22,7 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
-    path: str = Field("builtin", description="Local Hugging Face model folder, or 'builtin' for the shipped tiny model.")
+    path: str = Field("builtin", description="Local Hugging Face model folder, or a shipped tiny model: 'builtin' (the addition task's base), 'builtin:addition-scratchpad' (the scratchpad task's).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
                         description="Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
@@ -41,7 +41,7 @@ class ModelConfig(_Section):
 
 class TaskConfig(_Section):
     name: str = Field("addition", min_length=1, max_length=200, pattern=r"^(addition|addition-scratchpad|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
-                      description="The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries, then the answer; tens of tokens; needs its own base, e.g. p2prl/assets/addition-scratchpad), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
+                      description="The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries, then the answer; tens of tokens; needs its own base: model.path = 'builtin:addition-scratchpad'), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
     digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition tasks.")
     seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
     heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")

@@ -16,7 +16,15 @@ import torch.utils.checkpoint
 
 from p2prl.config import ModelConfig
 
-BUILTIN_MODEL = Path(__file__).resolve().parent.parent / "assets" / "base"
+ASSETS = Path(__file__).resolve().parent.parent / "assets"
+BUILTIN_MODEL = ASSETS / "base"
+BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSETS / "addition-scratchpad"}
+
+
+def model_folder(path: str | Path) -> Path:
+    """The folder ``model.path`` names: a shipped base (``builtin``: the addition task's;
+    ``builtin:addition-scratchpad``: the scratchpad task's) or a local folder."""
+    return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
 
 class PolicyLoadError(RuntimeError):
@@ -59,7 +67,7 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy:
-    """Load model and tokenizer from a local folder (``"builtin"`` = the shipped tiny model).
+    """Load model and tokenizer from a local folder (``"builtin"`` = the shipped tiny model; see ``model_folder``).
 
     ``settings`` (the config's ``model`` section) gives the device and dtype; None = cpu, float32.
     """
@@ -69,11 +77,12 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     device = resolve_device(settings.device) if settings else torch.device("cpu")
     dtype = DTYPES[settings.dtype] if settings else torch.float32
     hf_logging.disable_progress_bar()
-    folder = BUILTIN_MODEL if str(path) == "builtin" else Path(path).expanduser()
+    folder = model_folder(path)
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"model folder {folder} has no config.json; pass a local Hugging Face model "
-            "folder (containing config.json, weights and tokenizer files) or 'builtin'"
+            "folder (containing config.json, weights and tokenizer files), 'builtin' or "
+            "'builtin:addition-scratchpad'"
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from p2prl.config import Config, ConfigError
-from p2prl.policy.model import BUILTIN_MODEL
+from p2prl.policy.model import model_folder
 from p2prl.swarm.dht import RunConfigRecord
 from p2prl.tasks import Task
 
@@ -47,7 +47,7 @@ def _folder_hash(folder: Path, stamp: tuple) -> str:
 
 def model_hash(path: str) -> str:
     """sha256 over the files of a model folder (``builtin`` = the shipped model) that decide what it computes."""
-    folder = (BUILTIN_MODEL if path == "builtin" else Path(path).expanduser()).resolve()
+    folder = model_folder(path).resolve()
     stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file())
     return _folder_hash(folder, stamp)
 

@@ -99,7 +99,7 @@ def test_the_shipped_scratchpad_base_loads_and_the_authors_config_uses_it():
     cfg = load_config(root / "configs" / "latency-authors.toml")
     assert cfg.task.name == "addition-scratchpad"
     assert cfg.sampling.max_new_tokens >= make_task(cfg.task).max_answer_tokens
-    policy = load_policy(root / cfg.model.path)
+    policy = load_policy(cfg.model.path)  # "builtin:addition-scratchpad"
     assert policy.tokenizer.get_vocab() == build_tokenizer(SCRATCHPAD_CHARS).get_vocab()
     assert policy.vocab_size == len(policy.tokenizer.get_vocab())
     text = "47+85=" + worked_sum(47, 85, 2)

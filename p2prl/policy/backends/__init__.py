@@ -11,7 +11,7 @@ from pathlib import Path
 
 from p2prl.config import Config, ConfigError
 from p2prl.policy.backends.base import Generator
-from p2prl.policy.model import BUILTIN_MODEL, Policy, load_policy
+from p2prl.policy.model import Policy, load_policy, model_folder
 
 
 def make_generator(policy_or_path: Policy | str | Path, cfg: Config) -> Generator:
@@ -30,7 +30,7 @@ def make_generator(policy_or_path: Policy | str | Path, cfg: Config) -> Generato
         if isinstance(policy_or_path, Policy):
             folder = Path(policy_or_path.model.name_or_path)
         else:
-            folder = BUILTIN_MODEL if str(policy_or_path) == "builtin" else Path(policy_or_path)
+            folder = model_folder(policy_or_path)
         return VLLMGenerator(folder, s.temperature, s.top_k, s.top_p, kv_cache_gib=s.vllm_kv_cache_gib,
                              dtype=s.vllm_dtype, seed=cfg.train.seed)
     from p2prl.policy.backends.hf import HFGenerator
