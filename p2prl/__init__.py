@@ -1,5 +1,5 @@
 """p2prl: peer-to-peer RL post-training of language models with GEPO (HeteroRL)."""
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 4  # 3: signed policy records, the state header's record, learners' bans in peer records;
-# 4: learners' reward and accuracy in peer records, every peer's run under p2prl/runs
+PROTOCOL_VERSION = 5  # 3: signed policy records, the state header's record, learners' bans in peer records;
+# 4: learners' reward and accuracy in peer records, every peer's run under p2prl/runs; 5: the batched `rollouts` stream

@@ -188,7 +188,10 @@ class FlowConfig(_Section):
     max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0, description="Largest weight file a sampler accepts.")
     keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
     max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
-    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="A sampler pauses while every learner reports at least this many groups waiting.")
+    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="Most groups a learner keeps waiting in all (the bound from flow.queue_steps is never above it, nor below the learner's share of train.groups_per_step); beyond its bound it answers `busy` and the sampler retries later. A sampler pauses while every learner reports at least this many groups waiting.")
+    queue_steps: float = Field(2.0, ge=1.0, le=1000.0, description="Groups a learner keeps waiting in all, in steps of its share of train.groups_per_step; each active sampler (one that sent in the last minute) may hold an equal part of it, at least one group, so near samplers cannot crowd out far ones and waiting groups do not go stale.")
+    max_batch_groups: int = Field(32, ge=1, le=4096, description="Most groups in one `rollouts` stream (a learner refuses more); also the largest send window of a sampler.")
+    max_batch_mb: float = Field(64.0, gt=0.0, le=65536.0, description="Most bytes of records in one `rollouts` stream (at least one record of flow.max_record_mb always fits).")
     min_upload_mbps: float = Field(8.0, gt=0.0, le=1e6, description="Slowest upload (megabits per second, after a grace of net.rpc_timeout_s) a peer keeps serving `weights` or `state` to; a slower reader is cut, so nobody holds an upload slot for longer than the grace plus size / this rate.")
     outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
 
