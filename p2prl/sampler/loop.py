@@ -277,9 +277,9 @@ class Sampler:
                         self.free[learner] = reply["free"]
                 except Exception as e:
                     self._failed(learner, "asking for acks", e)
-                    for gid in ids:  # its learner did not answer: they go to whichever learner is usable
+                    for gid in ids[i:]:  # its learner did not answer: they go to whichever learner is usable
                         self.outbox[gid].learner = None
-                    self.counts["send/resend"] += len(ids)
+                    self.counts["send/resend"] += len(ids) - i
                     break
                 for gid in ids[i : i + 1024]:
                     state = states.get(gid, "unknown")
@@ -361,7 +361,7 @@ class Sampler:
                 stop.wait(self.cfg.net.poll_s)
                 self.learners = self.learners or self.node.peers("learner")
                 continue
-            if len(self.unsent()) >= n:  # a loop's batch is waiting for room at a learner: making more would age it
+            if self.unsent():  # groups wait for room at a learner: making more now would only age them
                 self.wait_for_replies(stop)
                 continue
             t0 = time.time()

@@ -5,8 +5,8 @@
              status ``accepted`` / ``duplicate`` / ``busy`` / ``rejected``; ``free``: groups this sampler
              may still send before it is answered ``busy``. A batch that does not parse is answered
              ``{"error": reason, "results": [], "queue", "free"}``.
-``rollout``  (kept for samplers of protocol 2) one record; reply ``{"status", "reason", "queue"}``.
-``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue"}``,
+``rollout``  (kept for samplers before protocol 5) one record; reply ``{"status", "reason", "queue"}``.
+``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue", "free"}``,
              state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
 ``weights``  anyone -> holder: ``{"version", "sha256"}``; reply one status byte
              (``0`` ok, ``1`` busy, ``2`` missing) then the safetensors bytes.
