@@ -54,9 +54,8 @@ class Peers:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
     def bootstrap(self, name: str = "bootstrap") -> str:
-        f = self.root / f"{name}.maddrs"
-        p = self.start(name, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                              "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
+        f = self.bootstrap_file(name)
+        p = self.procs[name]
         wait_for(lambda: (f.exists() and f.read_text().strip()) or p.poll() is not None, 60, f"the bootstrap {name}")
         assert p.poll() is None, self.log(name)
         return f.read_text().split()[0]
