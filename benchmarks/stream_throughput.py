@@ -1,6 +1,11 @@
 """Benchmark: rollout streaming throughput on loopback, p2prl's record path vs a raw hivemind stream.
 
     python benchmarks/stream_throughput.py [--rounds 5]
+    python benchmarks/stream_throughput.py --batched [--rounds 5]
+
+``--batched``: groups/s of G=8, T=512 records sent as p2prl's ``rollouts`` batches (``flow.max_batch_groups``
+records a stream, one result per record) vs one ``rollout`` stream per group, both decoded by the
+receiver; its own section of docs/results.md (target: batched at least 5x).
 
 Two processes, each with its own hivemind DHT + p2pd on 127.0.0.1 (loopback-only settings):
 
@@ -61,14 +66,16 @@ def swarm_cfg(initial_peers=()):
 def serve(info_path: str) -> None:
     import threading
 
+    from p2prl.config import FlowConfig
     from p2prl.rollout.record import Limits, decode_group
     from p2prl.swarm.node import SwarmNode, read_frame, write_frame
-    from p2prl.swarm.protocol import pack
+    from p2prl.swarm.protocol import batch_frame_limit, decode_batch, pack
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     node = SwarmNode(swarm_cfg(), "learner")
-    limits = Limits(max_bytes=int(node.cfg.max_record_mb * 2**20))
+    flow = FlowConfig()
+    limits = Limits(max_bytes=int(flow.max_record_mb * 2**20))
     counts = {"decoded": 0}
 
     async def on_rollout(peer, reader, writer):
@@ -76,6 +83,16 @@ def serve(info_path: str) -> None:
         assert g.sampler == peer
         counts["decoded"] += 1
         await write_frame(writer, pack({"status": "accepted", "reason": "", "queue": 0}))
+
+    batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
+
+    async def on_rollouts(peer, reader, writer):  # the learner's batch path, without verification or training
+        results = []
+        for data in decode_batch(await read_frame(reader, batch_limit), flow.max_batch_groups):
+            assert decode_group(data, limits).sampler == peer
+            results.append(["accepted", ""])
+        counts["decoded"] += len(results)
+        await write_frame(writer, pack({"results": results, "queue": 0, "free": flow.max_batch_groups}))
 
     async def on_raw(_info, reader, writer):
         try:
@@ -106,6 +123,7 @@ def serve(info_path: str) -> None:
 
     try:
         node.serve("rollout", on_rollout)
+        node.serve("rollouts", on_rollouts)
         node.run(node._p2p.add_binary_stream_handler(RAW, on_raw), timeout=30)
         node.run(node._p2p.add_binary_stream_handler(BULK, on_bulk), timeout=30)
         tmp = info_path + ".tmp"
@@ -167,10 +185,13 @@ def make_records(sender: str, G: int, T: int, n: int, seed: int) -> list[bytes]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--batched", action="store_true", help="batched rollouts vs one stream per group (G=8, T=512)")
     ap.add_argument("--serve", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
         return serve(args.serve)
+    if args.batched:
+        return batched(args.rounds)
 
     from hivemind.p2p import PeerID
 
@@ -304,6 +325,71 @@ def main() -> None:
     write_section("stream_throughput", "Rollout streaming throughput (loopback)",
                   " ".join(["python benchmarks/stream_throughput.py"] + (["--rounds", str(args.rounds)] if args.rounds != 5 else [])),
                   body)
+
+
+def batched(rounds: int) -> None:
+    """groups/s of G=8, T=512 records: ``rollouts`` batches vs one ``rollout`` stream per group, in one run."""
+    from p2prl.config import FlowConfig
+    from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.protocol import MAX_CONTROL_BYTES, encode_batch, unpack_map
+
+    G, T, n, per_batch = 8, 512, 128, FlowConfig().max_batch_groups
+    tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
+    proc = node = None
+    try:
+        proc, info = start_child(__file__, tmp / "receiver.json")
+        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
+        target = info["peer_id"]
+
+        def per_group(records):
+            for data in records:
+                reply = unpack_map(node.request(target, "rollout", data, MAX_CONTROL_BYTES), {"status": str})
+                assert reply["status"] == "accepted", reply
+
+        def in_batches(records):
+            for i in range(0, len(records), per_batch):
+                chunk = records[i : i + per_batch]
+                reply = unpack_map(node.request(target, "rollouts", encode_batch(chunk), MAX_CONTROL_BYTES,
+                                                node.transfer_timeout(sum(map(len, chunk)))), {"results": list})
+                assert reply["results"] == [["accepted", ""]] * len(chunk), reply
+
+        methods = {"one `rollout` stream per group": per_group, f"`rollouts`, {per_batch} groups a stream": in_batches}
+        for fn in methods.values():  # warm-up: connection, handlers, code paths
+            fn(make_records(node.peer_id, 4, 64, 5, seed=999))
+        per: dict[str, list[float]] = {m: [] for m in methods}
+        for r in range(rounds):
+            records = make_records(node.peer_id, G, T, n, seed=r + 7000)
+            for m in (list(methods) if r % 2 == 0 else list(methods)[::-1]):
+                t0 = time.perf_counter()
+                methods[m](records)
+                per[m].append(time.perf_counter() - t0)
+            print(f"round {r}: " + ", ".join(f"{m}: {per[m][-1]:.3f} s" for m in methods), flush=True)
+        kib = sum(map(len, records)) / n / 1024
+    finally:
+        if node is not None:
+            node.shutdown()
+        if proc is not None:
+            stop_child(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    single, batch = list(methods)
+    ratio = statistics.median(per[single][i] / per[batch][i] for i in range(rounds))
+    lines = ["| path | groups/round | groups/s (median) | MB/s (median) |", "|---|---|---|---|"]
+    for m in methods:
+        med = statistics.median(per[m])
+        lines.append(f"| {m} | {n} | {n / med:.1f} | {n * kib * 1024 / med / 1e6:.1f} |")
+    body = "\n".join(lines) + (
+        f"\n\nG=8, T=512 records ({kib:.1f} KiB each), {rounds} rounds, the two paths interleaved (order alternating "
+        "per round), measured in one run. Sender and receiver are separate processes, each with its own hivemind DHT "
+        "and p2pd, over 127.0.0.1; the receiver decodes every record (`decode_group`, no verification or "
+        "training) and answers per group, as a learner does."
+        f"\n\nBatched / one stream per group: **{ratio:.2f}x** (median of per-round ratios); target at least 5x: "
+        f"{'met' if ratio >= 5 else 'MISSED'}."
+    )
+    print(body)
+    write_section("stream_batching", "Batched rollouts vs one stream per group (loopback)",
+                  " ".join(["python benchmarks/stream_throughput.py --batched"]
+                           + (["--rounds", str(rounds)] if rounds != 5 else [])), body)
 
 
 if __name__ == "__main__":

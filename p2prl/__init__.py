@@ -3,4 +3,5 @@
 __version__ = "0.1.0"
 PROTOCOL_VERSION = 5  # 3: signed policy records, the state header's record, learners' bans in peer records;
 # 4: learners' reward and accuracy in peer records, every peer's run under p2prl/runs;
-# 5: a peer's metrics endpoint (HOST:PORT) in its peer record, byte ranges in weights requests (offset, length)
+# 5: the batched `rollouts` stream, a peer's metrics endpoint (HOST:PORT) in its peer record, byte ranges in
+#    weights requests (offset, length)

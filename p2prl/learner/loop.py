@@ -58,13 +58,15 @@ from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
 from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.protocol import MAX_ACK_IDS, MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, WeightStore, batch_frame_limit,
+                                  decode_batch, pack, queue_bounds, queue_room, unpack_map, weights_handler)
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.learner.core")
+ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
 
 
 @dataclass
@@ -99,6 +101,9 @@ class Learner:
         self.verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
                                  cfg.net.run_id, s.group_size, s.max_new_tokens)
         self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
+        self.batch_limit = batch_frame_limit(cfg.flow.max_batch_groups, int(cfg.flow.max_batch_mb * 2**20),
+                                             self.limits.max_bytes)
+        self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
         self.lock = threading.Condition()  # guards the ledger and its admission buffer
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         self.epoch = 0  # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
@@ -156,6 +161,7 @@ class Learner:
         cfg, t = self.cfg, self.cfg.train
         others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
+        self.node.serve("rollouts", self.on_rollouts, self.node.transfer_timeout(self.batch_limit))
         self.node.serve("rollout", self.on_rollout)
         self.node.serve("acks", self.on_acks)
         self.node.serve("weights", weights_handler(self.store, self.min_upload_bps, cfg.net.rpc_timeout_s,
@@ -519,6 +525,36 @@ class Learner:
             log.exception("internal error on a record from %s: %s", peer[-6:], e)
             return "rejected", "internal"
 
+    def queue_bounds(self) -> tuple[int, int]:
+        """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
+        and the samplers that sent records in the last ``ACTIVE_SENDER_S`` (call under ``self.lock``)."""
+        share = math.ceil(self.cfg.train.groups_per_step / (1 + len(self.membership.others)))
+        since = time.monotonic() - ACTIVE_SENDER_S
+        return queue_bounds(share, self.cfg.flow.queue_steps, self.cfg.flow.max_learner_queue,
+                            sum(t >= since for t in self.senders.values()))
+
+    def room(self, peer: str) -> int:
+        """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
+        waiting = self.buffer.pending + self.buffer.first
+        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds())
+
+    def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
+        """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
+        (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
+        now = time.monotonic()
+        with self.lock:
+            self.senders[peer] = now
+            for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
+                del self.senders[p]
+        out = []
+        for data in records:
+            with self.lock:
+                busy = self.room(peer) <= 0
+                if busy:
+                    self.counts["busy"] += 1
+            out.append(("busy", "queue_full") if busy else self.admit(data, peer))
+        return out
+
     async def on_rollout(self, peer: str, reader, writer) -> None:
         try:
             data = await read_frame(reader, self.limits.max_bytes)
@@ -532,13 +568,43 @@ class Learner:
             await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
             return
         try:
-            status, reason = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit, data, peer)
+            [(status, reason)] = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch,
+                                                                                  [data], peer)
         except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
             log.debug("stopping: left a record from %s unanswered", peer[-6:])
             return
         with self.lock:
             queue = len(self.buffer)
         await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
+
+    async def on_rollouts(self, peer: str, reader, writer) -> None:
+        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space.
+        A batch that does not parse counts against ``peer``'s reputation, as a bad record does."""
+        results, error = [], ""
+        try:
+            raw = await read_frame(reader, self.batch_limit)
+            with self.lock:
+                self.bytes_in += len(raw)
+            records = decode_batch(raw, self.cfg.flow.max_batch_groups)
+        except (FrameError, BatchError) as e:
+            error = e.reason if isinstance(e, BatchError) else "oversized"
+            self.reputation.reject(peer, f"batch_{error}")
+            with self.lock:
+                self.counts[f"rejected/batch_{error}"] += 1
+                n = self.counts[f"rejected/batch_{error}"]
+            if n <= 5 or n % 100 == 0:
+                log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
+        if not error:
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, records,
+                                                                           peer)
+            except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
+                log.debug("stopping: left a batch from %s unanswered", peer[-6:])
+                return
+        with self.lock:
+            queue, free = len(self.buffer), self.room(peer)
+        reply = {"results": [list(r) for r in results], "queue": queue, "free": free}
+        await write_frame(writer, pack({**reply, "error": error} if error else reply))
 
     async def on_acks(self, peer: str, reader, writer) -> None:
         try:
@@ -552,8 +618,8 @@ class Learner:
         ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
         with self.lock:
             states = self.ledger.states_of(ids)
-            queue = len(self.buffer)
-        await write_frame(writer, pack({"states": states, "queue": queue}))
+            queue, free = len(self.buffer), self.room(peer)
+        await write_frame(writer, pack({"states": states, "queue": queue, "free": free}))
 
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,

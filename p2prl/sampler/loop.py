@@ -2,15 +2,18 @@
 
 The loop reads top to bottom: heartbeat; pick up a newer policy version when the sync
 delay allows (fetched from another sampler when one holds it, hash-verified); generate
-one batch of groups; send each to a learner; settle acknowledgements. A group stays in
-the outbox until a learner reports it trained or dropped; if its learner vanishes or
-forgets it, it is resent (to another learner when there is one). In a run with an authority
-(``swarm/authority.py``) it waits for the run record the authority signed, checks the run's
-config against it, and loads versions from and sends groups to authorized learners only.
+one batch of groups; send them to learners in batches (``rollouts``), at most one send
+window in flight per learner, while the next batch is generated; settle acknowledgements.
+A group stays in the outbox until a learner reports it trained, dropped or rejected; if
+its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
+learner when there is one). In a run with an authority (``swarm/authority.py``) it waits
+for the run record the authority signed, checks the run's config against it, and loads
+versions from and sends groups to authorized learners only.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import logging
 import random
@@ -18,7 +21,8 @@ import secrets
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from p2prl import prom
 from p2prl.config import Config
@@ -32,7 +36,8 @@ from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode, backoff, wait_until
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, WeightStore, pack, unpack_map, weights_handler
+from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, WeightStore, encode_batch, pack, send_window, unpack_map,
+                                  weights_handler)
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task
@@ -48,6 +53,18 @@ class Pending:
     group: RolloutGroup
     data: bytes
     learner: str | None  # None: not delivered yet
+    sending: bool = False  # in a batch whose reply has not been handled yet
+
+
+@dataclass
+class Batch:
+    """One ``rollouts`` request in flight."""
+
+    learner: str
+    ids: list[str]
+    reply: Future
+    started: float = field(default_factory=time.monotonic)
+    done_at: float = 0.0
 
 
 def pick_learner(learners: list[PeerRecord]) -> str | None:
@@ -77,6 +94,9 @@ class Sampler:
         self.next_sync = 0
         self.failures: dict[str, tuple[int, float]] = {}  # learner -> (consecutive failures, retry after)
         self.queues: dict[str, int] = {}  # learner -> queue depth it last reported
+        self.free: dict[str, int] = {}  # learner -> groups it last said it would still take from us
+        self.rtt: dict[str, float] = {}  # learner -> smoothed seconds from sending a batch to its reply
+        self.in_flight: list[Batch] = []
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
@@ -141,32 +161,99 @@ class Sampler:
         now = time.time()
         return [r for r in self.learners if self.failures.get(r.peer_id, (0, 0.0))[1] <= now]
 
-    def deliver(self, p: Pending) -> None:
-        """Send one group to a learner; on failure it stays undelivered for the next round."""
+    def window(self, learner: PeerRecord) -> int:
+        """Groups we may put in flight to ``learner`` now (``send_window``, less what is in flight already)."""
+        f = self.cfg.flow
+        free = self.free.get(learner.peer_id, f.max_learner_queue - learner.queue_depth)
+        window = send_window(self.rtt.get(learner.peer_id, 0.0), self.throughput, self.cfg.train.groups_per_step,
+                             f.max_batch_groups, free)
+        return window - sum(len(b.ids) for b in self.in_flight if b.learner == learner.peer_id)
+
+    def flush(self) -> None:
+        """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
+        max_bytes = int(self.cfg.flow.max_batch_mb * 2**20)
+        ready = self.unsent()
+        while ready:
+            room = {r.peer_id: w for r in self.usable_learners() if (w := self.window(r)) > 0}
+            target = pick_learner([r for r in self.learners if r.peer_id in room])
+            if target is None:
+                return
+            batch, nbytes = [], 0
+            while ready and len(batch) < room[target] and (not batch or nbytes + len(ready[0].data) <= max_bytes):
+                batch.append(ready.pop(0))
+                nbytes += len(batch[-1].data)
+            for p in batch:
+                p.sending = True
+            reply = self.node.submit(target, "rollouts", encode_batch([p.data for p in batch]), MAX_CONTROL_BYTES,
+                                     self.node.transfer_timeout(nbytes))
+            b = Batch(target, [p.group.group_id for p in batch], reply)
+            reply.add_done_callback(lambda _f, b=b: setattr(b, "done_at", time.monotonic()))
+            self.in_flight.append(b)
+            self.counts["send/batches"] += 1
+            self.counts["send/batched_groups"] += len(batch)
+
+    def unsent(self) -> list[Pending]:
+        """Groups no learner holds and none is being sent (new, answered ``busy``, or to be resent), oldest first."""
+        return [p for p in self.outbox.values() if p.learner is None and not p.sending]
+
+    def wait_for_replies(self, stop: threading.Event) -> None:
+        """Pause until a batch in flight is answered, or ``net.poll_s`` has passed."""
+        if self.in_flight:
+            concurrent.futures.wait([b.reply for b in self.in_flight], self.cfg.net.poll_s,
+                                    concurrent.futures.FIRST_COMPLETED)
+        else:
+            stop.wait(self.cfg.net.poll_s)
+
+    def collect(self) -> None:
+        """Handle the replies of the batches that have come back."""
+        for b in [b for b in self.in_flight if b.reply.done()]:
+            self.in_flight.remove(b)
+            groups = [self.outbox[gid] for gid in b.ids]  # settle leaves groups being sent alone
+            for p in groups:
+                p.sending = False
+            try:
+                reply = unpack_map(b.reply.result(), {"results": list, "queue": int, "free": int})
+                if reply.get("error"):
+                    raise ConnectionError(f"batch refused: {reply['error']}")
+                results = [r for r in reply["results"] if isinstance(r, list) and len(r) == 2
+                           and all(isinstance(x, str) for x in r)]
+                if len(results) != len(groups):
+                    raise ValueError(f"{len(reply['results'])} results for {len(groups)} groups")
+            except Exception as e:
+                for p in groups:
+                    p.learner = None
+                self._failed(b.learner, f"sending {len(groups)} groups", e)
+                continue
+            self.failures.pop(b.learner, None)
+            rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
+            self.rtt[b.learner] = 0.8 * self.rtt[b.learner] + 0.2 * rtt if b.learner in self.rtt else rtt
+            self.queues[b.learner], self.free[b.learner] = reply["queue"], reply["free"]
+            for p, (status, reason) in zip(groups, results):
+                self.on_result(p, b.learner, status, reason)
+            if any(status == "busy" for status, _ in results):  # sent again once an acks reply says there is room
+                self.free[b.learner] = 0
+
+    def on_result(self, p: Pending, target: str, status: str, reason: str) -> None:
+        """One group's answer: keep it (sent, busy, learner behind) or drop it (rejected)."""
         p.learner = None
-        target = pick_learner(self.usable_learners())
-        if target is None:
+        if status == "busy":  # the learner holds enough of ours: keep the group, send it again later
+            self.counts["send/busy"] += 1
+            if self.counts["send/busy"] <= 5 or self.counts["send/busy"] % 100 == 0:
+                log.info("learner %s busy: group %s kept, sent again later (%d busy answers so far)",
+                         target[-6:], p.group.group_id, self.counts["send/busy"])
             return
-        try:
-            reply = unpack_map(self.node.request(target, "rollout", p.data, MAX_CONTROL_BYTES), {"status": str})
-        except Exception as e:
-            self._failed(target, f"sending {p.group.group_id[-12:]}", e)
-            return
-        self.failures.pop(target, None)
-        if isinstance(reply.get("queue"), int):
-            self.queues[target] = reply["queue"]
-        if reply["status"] == "rejected" and reply.get("reason") == "future_version":
+        if status == "rejected" and reason == "future_version":
             # that learner is behind the swarm (restarted, catching up): keep the group, try again later
             self.counts["send/learner_behind"] += 1
             self.failures[target] = (1, time.time() + backoff(1))
             return
-        if reply["status"] == "rejected":
-            self.counts[f"send/rejected/{reply.get('reason')}"] += 1
-            level = logging.DEBUG if reply.get("reason") == "stale" else logging.WARNING
-            log.log(level, "learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reply.get("reason"))
+        if status == "rejected":
+            self.counts[f"send/rejected/{reason}"] += 1
+            level = logging.DEBUG if reason == "stale" else logging.WARNING
+            log.log(level, "learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reason)
             self.outbox.pop(p.group.group_id, None)
             return
-        self.counts["send/" + reply["status"]] += 1
+        self.counts["send/" + status] += 1
         p.learner = target
 
     def settle(self) -> None:
@@ -174,20 +261,29 @@ class Sampler:
         live = {r.peer_id for r in self.learners}
         by_learner: dict[str, list[str]] = {}
         for gid, p in self.outbox.items():
+            if p.sending:
+                continue
             if p.learner in live:
                 by_learner.setdefault(p.learner, []).append(gid)
-            else:
+            elif p.learner is not None:  # its learner is gone
+                self.counts["send/resend"] += 1
                 p.learner = None
+        for learner in live:  # a learner that said it takes no more of ours: ask again (its free space)
+            if self.free.get(learner, 1) <= 0:
+                by_learner.setdefault(learner, [])
         for learner, ids in by_learner.items():
-            for i in range(0, len(ids), 1024):
+            for i in range(0, max(1, len(ids)), 1024):
                 try:
                     raw = self.node.request(learner, "acks", pack({"ids": ids[i : i + 1024]}), MAX_CONTROL_BYTES)
                     reply = unpack_map(raw, {"states": dict, "queue": int})
                     states, self.queues[learner] = reply["states"], reply["queue"]
+                    if isinstance(reply.get("free"), int):
+                        self.free[learner] = reply["free"]
                 except Exception as e:
                     self._failed(learner, "asking for acks", e)
-                    for gid in ids:
+                    for gid in ids[i:]:  # its learner did not answer: they go to whichever learner is usable
                         self.outbox[gid].learner = None
+                    self.counts["send/resend"] += len(ids) - i
                     break
                 for gid in ids[i : i + 1024]:
                     state = states.get(gid, "unknown")
@@ -197,12 +293,9 @@ class Sampler:
                         if state == "trained" and self.ack_log:
                             self.ack_log.write(gid + "\n")
                     elif state == "unknown":
+                        self.counts["send/resend"] += 1
                         self.outbox[gid].learner = None
-        for p in [p for p in self.outbox.values() if p.learner is None]:
-            if not self.usable_learners():
-                break
-            self.counts["send/resend"] += 1
-            self.deliver(p)
+        self.flush()
 
     def learners_full(self) -> bool:
         """True while every usable learner last reported a full queue (back-pressure)."""
@@ -259,6 +352,8 @@ class Sampler:
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
         last_beat = last_poll = 0.0
         while not stop.is_set():
+            self.collect()
+            self.flush()
             if time.time() - last_beat > self.cfg.net.heartbeat_s:
                 self.heartbeat()
                 last_beat = time.time()
@@ -270,13 +365,16 @@ class Sampler:
                 stop.wait(self.cfg.net.poll_s)
                 self.learners = self.learners or self.node.peers("learner")
                 continue
+            if self.unsent():  # groups wait for room at a learner: making more now would only age them
+                self.wait_for_replies(stop)
+                continue
             t0 = time.time()
             groups = self.core.rollout(self.core.own_prompt_ids(n))
             if self.cfg.testing.slowdown > 1:
                 stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
             for g in groups:
-                p = self.outbox[g.group_id] = Pending(g, encode_group(g), None)
-                self.deliver(p)
+                self.outbox[g.group_id] = Pending(g, encode_group(g), None)
+            self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
 
     def prometheus(self) -> list:

@@ -10,6 +10,7 @@ bound is refused before it is read.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import threading
@@ -342,23 +343,28 @@ class SwarmNode:
         _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
         return reader, writer
 
+    async def _exchange(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
+        reader, writer = await self.open_stream(peer_id, name)
+        try:
+            await write_frame(writer, payload)
+            reply = await read_frame(reader, max_reply)
+        finally:
+            writer.close()
+        reason = refused_reason(reply)
+        if reason is not None:
+            raise Refused(reason)
+        return reply
+
     def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
         """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``);
         ``Refused`` if the peer refused the stream (banned or over its limits)."""
+        return self.run(self._exchange(peer_id, name, payload, max_reply), timeout=timeout_s or self.cfg.rpc_timeout_s)
 
-        async def go():
-            reader, writer = await self.open_stream(peer_id, name)
-            try:
-                await write_frame(writer, payload)
-                reply = await read_frame(reader, max_reply)
-            finally:
-                writer.close()
-            reason = refused_reason(reply)
-            if reason is not None:
-                raise Refused(reason)
-            return reply
-
-        return self.run(go(), timeout=timeout_s or self.cfg.rpc_timeout_s)
+    def submit(self, peer_id: str, name: str, payload: bytes, max_reply: int,
+               timeout_s: float | None = None) -> concurrent.futures.Future:
+        """``request`` without waiting: a future of the reply (or of the exception), done within ``timeout_s``."""
+        coro = asyncio.wait_for(self._exchange(peer_id, name, payload, max_reply), timeout_s or self.cfg.rpc_timeout_s)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def transfer_timeout(self, nbytes: int) -> float:
         """Time allowed for moving ``nbytes``: the RPC timeout plus one second per MB (a 8 Mbit/s floor)."""

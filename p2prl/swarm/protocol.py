@@ -1,8 +1,12 @@
 """Stream protocols between peers and the state behind them.
 
-``rollout``  sampler -> learner: one encoded ``RolloutGroup``; reply ``{"status", "reason", "queue"}``
-             with status ``accepted`` / ``duplicate`` / ``rejected`` and the learner's queue depth.
-``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue"}``,
+``rollouts`` sampler -> learner: a batch of encoded ``RolloutGroup`` records (``encode_batch``); reply
+             ``{"results": [[status, reason], ...], "queue", "free"}``, one result per record in order,
+             status ``accepted`` / ``duplicate`` / ``busy`` / ``rejected``; ``free``: groups this sampler
+             may still send before it is answered ``busy``. A batch that does not parse is answered
+             ``{"error": reason, "results": [], "queue", "free"}``.
+``rollout``  (kept for samplers before protocol 5) one record; reply ``{"status", "reason", "queue"}``.
+``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue", "free"}``,
              state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
 ``weights``  anyone -> holder: ``{"version", "sha256"}``, optionally ``"offset"`` and ``"length"`` (a byte
              range of the blob, protocol 5); reply one status byte (``0`` ok, ``1`` busy, ``2`` missing)
@@ -15,6 +19,7 @@ with the reply ``{"refused": "banned" | "limited"}``.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections import OrderedDict
 from typing import Callable
@@ -26,6 +31,72 @@ log = logging.getLogger("p2prl.protocol")
 MAX_CONTROL_BYTES = 1 << 20
 MAX_ACK_IDS = 4096
 OK, BUSY, MISSING = b"\x00", b"\x01", b"\x02"
+BATCH_HEADER = 4  # bytes of the record count, and of each record's length
+
+
+class BatchError(ValueError):
+    """A ``rollouts`` request that does not parse; ``reason`` is a metric-friendly code."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+def encode_batch(records: list[bytes]) -> bytes:
+    """A 4-byte big-endian record count, then each record as a 4-byte big-endian length and its bytes."""
+    parts = [len(records).to_bytes(BATCH_HEADER, "big")]
+    for r in records:
+        parts += [len(r).to_bytes(BATCH_HEADER, "big"), r]
+    return b"".join(parts)
+
+
+def batch_frame_limit(max_groups: int, max_batch_bytes: int, max_record_bytes: int) -> int:
+    """Largest ``rollouts`` frame a learner reads: the records' bytes (one largest record always fits) and headers."""
+    return max(max_batch_bytes, max_record_bytes) + BATCH_HEADER * (max_groups + 1)
+
+
+def decode_batch(raw: bytes, max_groups: int) -> list[bytes]:
+    """The records of a ``rollouts`` request (each still to be decoded and checked); ``BatchError`` otherwise."""
+    view = memoryview(raw)
+    if len(view) < BATCH_HEADER:
+        raise BatchError("truncated", f"{len(view)} bytes")
+    n = int.from_bytes(view[:BATCH_HEADER], "big")
+    if n == 0 or n > max_groups:
+        raise BatchError("batch_size", f"{n} records, expected 1..{max_groups}")
+    out, off = [], BATCH_HEADER
+    for i in range(n):
+        if off + BATCH_HEADER > len(view):
+            raise BatchError("truncated", f"record {i} of {n} has no length")
+        size = int.from_bytes(view[off : off + BATCH_HEADER], "big")
+        off += BATCH_HEADER
+        if off + size > len(view):
+            raise BatchError("truncated", f"record {i} of {n} claims {size} bytes, {len(view) - off} left")
+        out.append(bytes(view[off : off + size]))
+        off += size
+    if off != len(view):
+        raise BatchError("trailing", f"{len(view) - off} bytes after {n} records")
+    return out
+
+
+def queue_bounds(share: int, queue_steps: float, max_queue: int, active_samplers: int) -> tuple[int, int]:
+    """(per sampler, in all): the waiting groups a learner keeps. In all: ``queue_steps`` of its steps' ``share``
+    (never below one share, or no batch could form; never above ``max_queue`` unless one share is larger); per
+    sampler: an equal part of that for each active sampler, at least one group."""
+    total = max(share, min(max_queue, math.ceil(queue_steps * share)))
+    return max(1, math.ceil(total / max(1, active_samplers))), total
+
+
+def queue_room(waiting_of_sampler: int, waiting: int, per_sampler: int, total: int) -> int:
+    """Groups a learner still takes from one sampler: the lesser of that sampler's and the overall free space."""
+    return max(0, min(per_sampler - waiting_of_sampler, total - waiting))
+
+
+def send_window(rtt_s: float, rate: float, floor: int, max_groups: int, free: int) -> int:
+    """Groups a sampler keeps in flight to one learner: the groups it makes in one round trip (``rtt_s`` x
+    ``rate`` per second), at least ``floor`` (one loop's batch), at most ``max_groups`` and the learner's
+    ``free`` space (0: send nothing, wait)."""
+    want = max(floor, math.ceil(max(0.0, rtt_s) * max(0.0, rate)), 1)
+    return max(0, min(want, max_groups, free))
 
 
 def pack(obj) -> bytes:

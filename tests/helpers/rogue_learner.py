@@ -3,7 +3,7 @@
 Every second it: announces itself as a learner (idle, fast: samplers would prefer it), stores a
 policy record v200 for its own weights (well signed, with its own libp2p key, but it is not an
 authorized learner) and a run record listing itself signed by its own Ed25519 key. It serves
-``rollout`` (accepts everything), ``acks`` (says every group was trained) and ``weights``, counting
+``rollout`` and ``rollouts`` (accepts everything), ``acks`` (says every group was trained) and ``weights``, counting
 what it receives, and asks the honest learner for its ``state`` and a ``hello``. Its counts go to
 STATS_FILE (JSON) every second; it runs until killed.
 
@@ -23,7 +23,7 @@ from p2prl.swarm import authority as a
 from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, key, new_record
 from p2prl.swarm.node import read_frame, write_frame
 from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, pack, unpack_map
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, decode_batch, pack, unpack_map
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
 node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1,
@@ -43,6 +43,12 @@ async def on_rollout(peer, reader, writer):
     await write_frame(writer, pack({"status": "accepted", "reason": "", "queue": 0}))
 
 
+async def on_rollouts(peer, reader, writer):
+    records = decode_batch(await read_frame(reader, 1 << 26), 4096)
+    counts["rollouts_received"] += len(records)
+    await write_frame(writer, pack({"results": [["accepted", ""]] * len(records), "queue": 0, "free": 4096}))
+
+
 async def on_acks(peer, reader, writer):
     ids = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"ids": list})["ids"]
     counts["ack_requests"] += 1
@@ -56,6 +62,7 @@ async def on_weights(peer, reader, writer):
 
 
 node.serve("rollout", on_rollout)
+node.serve("rollouts", on_rollouts)
 node.serve("acks", on_acks)
 node.serve("weights", on_weights)
 try:

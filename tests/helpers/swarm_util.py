@@ -54,15 +54,24 @@ class Peers:
         return (self.root / f"{name}.log").read_text(errors="replace")
 
     def bootstrap(self, name: str = "bootstrap") -> str:
-        f = self.root / f"{name}.maddrs"
-        p = self.start(name, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                              "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
+        f = self.bootstrap_file(name)
+        p = self.procs[name]
         wait_for(lambda: (f.exists() and f.read_text().strip()) or p.poll() is not None, 60, f"the bootstrap {name}")
         assert p.poll() is None, self.log(name)
         return f.read_text().split()[0]
 
-    def join(self, name: str, role: str, maddr: str, *overrides: str, out: Path | None = None) -> subprocess.Popen:
-        args = ["join", "--role", role, "--loopback", "--no-progress", "--json", "--initial-peers", maddr, *FAST,
+    def bootstrap_file(self, name: str = "bootstrap") -> Path:
+        """Start a bootstrap without waiting for it: the file its multiaddrs go to once it is up (pass it to
+        ``join``, so peers start together with it, as ``p2prl swarm up`` starts them)."""
+        f = self.root / f"{name}.maddrs"
+        self.start(name, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                          "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
+        return f
+
+    def join(self, name: str, role: str, maddr: str | Path, *overrides: str, out: Path | None = None) -> subprocess.Popen:
+        """``maddr``: the bootstrap's multiaddr, or its multiaddrs file (``bootstrap_file``)."""
+        via = [f"net.initial_peers_file={maddr}"] if isinstance(maddr, Path) else ["--initial-peers", maddr]
+        args = ["join", "--role", role, "--loopback", "--no-progress", "--json", *via, *FAST,
                 *overrides]  # --json: the summary at the end as JSON (last_json)
         if out is not None:
             args.append(f"train.out_dir={out}")

@@ -21,7 +21,8 @@ from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
 from p2prl.swarm.membership import Membership
-from p2prl.swarm.protocol import OK, WeightStore, pack, unpack_map, weights_handler, weights_request
+from p2prl.swarm.protocol import (OK, BatchError, WeightStore, decode_batch, encode_batch, pack, unpack_map,
+                                  weights_handler, weights_request)
 from p2prl.swarm.reputation import HONEST, Reputation
 from p2prl.swarm.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
 from helpers.streams import Writer, frame
@@ -115,11 +116,18 @@ def test_fuzz_rollout_record_damaged_bytes(data):
 
 
 def fake_learner() -> SimpleNamespace:
-    """What ``Learner.admit`` / ``on_acks`` use, with a ledger and verifier that accept whatever decodes."""
+    """What ``Learner.admit`` / ``on_acks`` / ``on_rollouts`` use, with a ledger and verifier that accept whatever
+    decodes and a queue that always has room."""
     passes = SimpleNamespace(check=lambda *a: None, admit=lambda *a: None, states_of=lambda ids: {i: "unknown" for i in ids})
-    return SimpleNamespace(limits=Limits(max_bytes=1 << 16), core=SimpleNamespace(version=2), lock=threading.Condition(), counts=Counter(),
-                           ledger=passes, verifier=passes, buffer=[], reputation=Reputation(TrustConfig(ban_threshold=10**6)),
-                           spot=SimpleNamespace(wants=lambda gid: False))
+    learner = SimpleNamespace(limits=Limits(max_bytes=1 << 16), core=SimpleNamespace(version=2), lock=threading.Condition(),
+                              counts=Counter(), ledger=passes, verifier=passes, buffer=[],
+                              reputation=Reputation(TrustConfig(ban_threshold=10**6)),
+                              spot=SimpleNamespace(wants=lambda gid: False), room=lambda peer: 4, bytes_in=0,
+                              batch_limit=1 << 18, cfg=SimpleNamespace(flow=SimpleNamespace(max_batch_groups=4)),
+                              senders={})
+    learner.admit = Learner.admit.__get__(learner)
+    learner.admit_batch = Learner.admit_batch.__get__(learner)
+    return learner
 
 
 def rejections(learner) -> Counter:
@@ -153,7 +161,36 @@ def test_fuzz_acks_request(raw):
         assert learner.counts == Counter({"rejected/bad_ack_request": 1}) and w.data == b""
         assert learner.reputation.peers[PEER].reasons == Counter({"bad_ack_request": 1})
         return
-    assert set(w.reply()) == {"states", "queue"} and not learner.counts
+    assert set(w.reply()) == {"states", "queue", "free"} and not learner.counts
+
+
+# ---- rollouts: a batch of records, each admitted exactly as one ``rollout`` record would be ----
+@FUZZ
+@given(st.data())
+def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
+    from concurrent.futures import ThreadPoolExecutor
+
+    records = [encode_group(valid_group())] + [random_or_mutated(data, VALID_GROUP)
+                                               for _ in range(data.draw(st.integers(0, 3)))]
+    raw = encode_batch(data.draw(st.permutations(records)))
+    if data.draw(st.booleans()):
+        raw = damage(raw, data)
+    learner = fake_learner()
+    learner.admission = ThreadPoolExecutor(1)
+    try:
+        reply = serve(lambda r, w: Learner.on_rollouts(learner, PEER, r, w), raw).reply()
+    finally:
+        learner.admission.shutdown()
+    try:
+        parts = decode_batch(raw, 4)
+    except BatchError as e:
+        assert reply["error"] == e.reason and reply["results"] == []
+        assert learner.reputation.peers[PEER].reasons == Counter({f"batch_{e.reason}": 1})
+        return
+    single = fake_learner()
+    assert reply["results"] == [list(Learner.admit(single, p, PEER)) for p in parts]
+    reasons = lambda lrn: lrn.reputation.peers[PEER].reasons if PEER in lrn.reputation.peers else Counter()
+    assert learner.counts == single.counts and reasons(learner) == reasons(single)
 
 
 @FUZZ

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2prl import prom
+from p2prl import PROTOCOL_VERSION, prom
 from p2prl.config import load_config
 from p2prl.learner.loop import Learner
 from p2prl.sampler.loop import Sampler
@@ -59,7 +59,7 @@ def test_learner_metrics_read_its_counters():
     assert trust == {"trust/bans": 2, "trust/refused_banned/rollout": 4, "trust/untrusted/policy_record": 1,
                      "spot/passed": 5, "spot/failed": 1}
     info = dict(next(iter(m["p2prl_info"])))
-    assert info["role"] == "learner" and info["run_id"] == "test" and info["protocol"] == "5"
+    assert info["role"] == "learner" and info["run_id"] == "test" and info["protocol"] == str(PROTOCOL_VERSION)
     # cumulative buckets 0..max_staleness, then +Inf; the sum is the total lag
     buckets = {dict(k)["le"]: v for k, v in m["p2prl_group_lag_versions_bucket"].items()}
     assert buckets == {"0.0": 4, "1.0": 6, "2.0": 6, "3.0": 7, "+Inf": 7}

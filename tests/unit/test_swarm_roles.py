@@ -135,7 +135,8 @@ def test_rollout_admission_runs_off_the_network_loop():
     from concurrent.futures import ThreadPoolExecutor
 
     learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
-                              bytes_in=0, admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), admit=admit, buffer=[])
+                              bytes_in=0, admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), buffer=[],
+                              admit_batch=lambda records, peer: [admit(d, peer) for d in records])
 
     async def both():
         ticks = 0
@@ -203,7 +204,8 @@ def test_a_record_arriving_while_the_learner_stops_is_left_unanswered_without_a_
     admission = ThreadPoolExecutor(1)
     admission.shutdown()
     learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
-                              bytes_in=0, admission=admission, admit=lambda data, peer: ("accepted", ""), buffer=[])
+                              bytes_in=0, admission=admission, buffer=[],
+                              admit_batch=lambda records, peer: [("accepted", "")] * len(records))
     w = Writer()
     async def late():  # the reader is made inside the loop, as on a real stream
         await Learner.on_rollout(learner, "peer", frame(b"record"), w)

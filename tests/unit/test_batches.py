@@ -1,0 +1,250 @@
+"""The batched ``rollouts`` stream: codec bounds, the learner's queue bounds, the sampler's send window."""
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from p2prl.config import load_config
+from p2prl.learner.loop import ACTIVE_SENDER_S, Learner
+from p2prl.sampler.loop import Pending, Sampler
+from p2prl.swarm.dht import new_record
+from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_bounds,
+                                  queue_room, send_window)
+from helpers.streams import Writer, frame
+
+
+def test_batch_round_trip_keeps_order_and_empty_records():
+    records = [b"a" * 5, b"", b"\x00\x01" * 1000]
+    assert decode_batch(encode_batch(records), max_groups=3) == records
+    assert batch_frame_limit(3, 100, 1000) == 1000 + 4 * 4  # one largest record always fits
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b"", "truncated"), (b"\x00\x00", "truncated"),
+    ((0).to_bytes(4, "big"), "batch_size"),
+    (encode_batch([b"x"] * 5), "batch_size"),  # more records than the bound
+    (encode_batch([b"abc"]) + b"!", "trailing"),
+    ((2).to_bytes(4, "big") + (1).to_bytes(4, "big") + b"a", "truncated"),  # second record missing
+    ((1).to_bytes(4, "big") + (2**32 - 1).to_bytes(4, "big") + b"abc", "truncated"),  # length beyond the frame
+])
+def test_bad_batches_raise_batch_error(raw, reason):
+    with pytest.raises(BatchError) as e:
+        decode_batch(raw, max_groups=4)
+    assert e.value.reason == reason
+
+
+def test_every_cut_and_random_garbage_is_a_batch_error_never_a_crash():
+    good = encode_batch([b"first", b"second record", b"3"])
+    for cut in range(len(good)):
+        with pytest.raises(BatchError):
+            decode_batch(good[:cut], max_groups=8)
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        raw = rng.integers(0, 256, size=int(rng.integers(0, 64)), dtype=np.uint8).tobytes()
+        try:
+            out = decode_batch(raw, max_groups=8)
+        except BatchError:
+            continue
+        assert encode_batch(out) == raw  # whatever parses is exactly a well-formed batch
+
+
+# ---- window and queue bounds ------------------------------------------------------------------------
+def test_queue_bounds_follow_the_learners_share_and_the_active_samplers():
+    assert queue_bounds(16, 2.0, 64, active_samplers=1) == (32, 32)  # two steps' worth in all
+    assert queue_bounds(16, 2.0, 64, active_samplers=3) == (11, 32)  # an equal part each, rounded up
+    assert queue_bounds(16, 2.0, 20, active_samplers=2) == (10, 20)  # capped by flow.max_learner_queue ...
+    assert queue_bounds(16, 2.0, 8, active_samplers=1) == (16, 16)  # ... but never below one step's share
+    assert queue_bounds(2, 2.0, 64, active_samplers=50) == (1, 4)  # at least one group per sampler
+    assert queue_bounds(4, 2.0, 64, active_samplers=0) == (8, 8)
+
+
+def test_queue_room_is_the_lesser_of_the_sampler_and_overall_space():
+    assert queue_room(0, 0, per_sampler=4, total=10) == 4
+    assert queue_room(3, 9, per_sampler=4, total=10) == 1
+    assert queue_room(4, 5, per_sampler=4, total=10) == 0  # this sampler has its share
+    assert queue_room(0, 12, per_sampler=4, total=10) == 0  # full (retrained groups can overfill it)
+
+
+def test_send_window_covers_a_round_trip_within_the_bounds():
+    assert send_window(0.001, 2.0, floor=4, max_groups=32, free=64) == 4  # near: one loop's batch
+    assert send_window(1.5, 10.0, floor=4, max_groups=32, free=64) == 15  # far: the groups made in one RTT
+    assert send_window(10.0, 10.0, floor=4, max_groups=32, free=64) == 32
+    assert send_window(10.0, 10.0, floor=4, max_groups=32, free=6) == 6  # never more than the learner takes
+    assert send_window(1.0, 1.0, floor=4, max_groups=32, free=0) == 0
+    assert send_window(0.0, 0.0, floor=0, max_groups=32, free=64) == 1
+
+
+class Buffer(list):
+    """Waiting groups with the admission buffer's ``pending`` / ``first`` view."""
+
+    @property
+    def pending(self):
+        return self
+
+    @property
+    def first(self):
+        return []
+
+
+def fake_learner(waiting, others=0, **overrides):
+    """The parts of a Learner that on_rollouts / admit_batch / room use; ``admit`` queues what it accepts."""
+    cfg = load_config(None, ["train.groups_per_step=4", "flow.queue_steps=2", "flow.max_batch_groups=4",
+                             *(f"{k}={v}" for k, v in overrides.items())])
+    lrn = SimpleNamespace(lock=threading.Condition(), counts=Counter(), buffer=Buffer(waiting), cfg=cfg, bytes_in=0,
+                          batch_limit=1 << 16, senders={}, membership=SimpleNamespace(others=["L"] * others),
+                          reputation=SimpleNamespace(rejected=[], reject=lambda p, r: lrn.reputation.rejected.append(r)),
+                          admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"))
+
+    def admit(data, peer):
+        if data == b"bad":
+            return "rejected", "malformed"
+        lrn.buffer.append(SimpleNamespace(sampler=peer))
+        return "accepted", ""
+
+    lrn.admit = admit
+    for name in ("queue_bounds", "room", "admit_batch"):
+        setattr(lrn, name, getattr(Learner, name).__get__(lrn))
+    return lrn
+
+
+def test_a_sampler_over_its_share_is_answered_busy_and_counted_others_are_not():
+    # one learner, 4 groups a step, 2 steps in all: 8 waiting groups, 4 for each of two active samplers
+    lrn = fake_learner([SimpleNamespace(sampler="near")] * 4)
+    lrn.senders.update(near=time.monotonic(), far=time.monotonic())
+    assert lrn.admit_batch([b"g1", b"g2"], "near") == [("busy", "queue_full")] * 2
+    assert lrn.admit_batch([b"f1", b"bad", b"f2", b"f3", b"f4", b"f5"], "far") == [
+        ("accepted", ""), ("rejected", "malformed"), ("accepted", ""), ("accepted", ""), ("accepted", ""),
+        ("busy", "queue_full")]
+    assert lrn.counts["busy"] == 3
+    lrn.buffer[:] = [SimpleNamespace(sampler=s) for s in "abcdefgh"]  # full overall
+    assert lrn.admit_batch([b"x"], "far") == [("busy", "queue_full")]
+    lrn.admission.shutdown()
+
+
+def test_queue_shares_shrink_with_more_learners_and_grow_when_samplers_go_quiet():
+    lrn = fake_learner([], others=2)  # three learners: 2 groups a step each, 4 waiting in all
+    with lrn.lock:
+        assert lrn.queue_bounds() == (4, 4)
+        lrn.senders.update(a=time.monotonic(), b=time.monotonic())
+        assert lrn.queue_bounds() == (2, 4)
+        lrn.senders["b"] -= ACTIVE_SENDER_S + 1  # b sent nothing for a while: a may hold it all
+        assert lrn.queue_bounds() == (4, 4)
+    lrn.admit_batch([b"x"], "c")
+    assert set(lrn.senders) == {"a", "c"}, "quiet samplers are forgotten"
+    lrn.admission.shutdown()
+
+
+def run_rollouts(lrn, raw: bytes, peer: str) -> dict:
+    w = Writer()
+
+    async def go():  # the reader belongs to the loop that runs the handler
+        await Learner.on_rollouts(lrn, peer, frame(raw), w)
+
+    asyncio.run(go())
+    return w.reply()
+
+
+def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_peer():
+    lrn = fake_learner([SimpleNamespace(sampler="s")] * 6)  # its only active sampler: 8 waiting groups in all
+    raw = encode_batch([b"g1", b"bad", b"g2", b"g3"])
+    reply = run_rollouts(lrn, raw, "s")
+    assert reply == {"results": [["accepted", ""], ["rejected", "malformed"], ["accepted", ""], ["busy", "queue_full"]],
+                     "queue": 8, "free": 0}
+    assert lrn.bytes_in == len(raw)
+    assert run_rollouts(lrn, b"\x00\x00\x00\x02garbage", "s")["error"] == "truncated"
+    assert run_rollouts(lrn, encode_batch([b"x"] * 5), "s")["error"] == "batch_size"
+    big = run_rollouts(lrn, b"\x00" * (lrn.batch_limit + 1), "s")  # refused before it is read
+    assert big["error"] == "oversized" and big["results"] == []
+    assert lrn.counts["rejected/batch_truncated"] == 1 and lrn.counts["rejected/batch_batch_size"] == 1
+    assert lrn.counts["rejected/batch_oversized"] == 1
+    assert lrn.reputation.rejected == ["batch_truncated", "batch_batch_size", "batch_oversized"]
+    lrn.admission.shutdown()
+
+
+# ---- sampler: batches in flight and their replies ----------------------------------------------------
+class FakeNode:
+    def __init__(self):
+        self.sent: list[tuple[str, bytes, Future]] = []
+
+    def submit(self, peer, name, payload, max_reply, timeout_s=None):
+        assert name == "rollouts"
+        f = Future()
+        self.sent.append((peer, payload, f))
+        return f
+
+    def transfer_timeout(self, nbytes):
+        return 10.0
+
+
+def fake_sampler(n_groups: int, **flow) -> Sampler:
+    s = object.__new__(Sampler)
+    s.cfg = load_config(None, ["train.groups_per_step=2", *(f"flow.{k}={v}" for k, v in flow.items())])
+    s.node = FakeNode()
+    s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
+    s.outbox = {f"S/{i}": Pending(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode(), None) for i in range(n_groups)}
+    s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight = Counter(), {}, {}, {}, {}, []
+    s.throughput = 0.0
+    return s
+
+
+def test_sampler_sends_a_window_and_handles_each_groups_answer():
+    s = fake_sampler(5)
+    s.flush()
+    [(peer, payload, fut)] = s.node.sent
+    assert peer == "L1" and decode_batch(payload, 8) == [b"rec0", b"rec1"]  # window: one loop's batch (2)
+    s.flush()
+    assert len(s.node.sent) == 1, "a full window waits for its reply"
+    fut.set_result(pack({"results": [["accepted", ""], ["busy", "queue_full"]], "queue": 1, "free": 3}))
+    s.collect()
+    assert s.outbox["S/0"].learner == "L1" and not s.outbox["S/0"].sending
+    assert s.outbox["S/1"].learner is None and s.counts["send/busy"] == 1 and "L1" in s.rtt
+    assert s.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
+    s.flush()
+    assert len(s.node.sent) == 1
+    assert [p.group.group_id for p in s.unsent()] == ["S/1", "S/2", "S/3", "S/4"]
+    s.free["L1"] = 4  # as an acks reply sets it
+    s.flush()
+    assert decode_batch(s.node.sent[1][1], 8) == [b"rec1", b"rec2"]  # the busy group goes first
+    s.node.sent[1][2].set_result(pack({"results": [["rejected", "bad_reward"], ["duplicate", ""]], "queue": 2,
+                                       "free": 0}))
+    s.collect()
+    assert "S/1" not in s.outbox and s.outbox["S/2"].learner == "L1"
+    s.flush()
+    assert len(s.node.sent) == 2, "the learner said it takes no more"
+
+
+def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learners_room():
+    s = fake_sampler(12)
+    s.rtt["L1"], s.throughput, s.free["L1"] = 1.5, 4.0, 20  # 6 groups made per round trip
+    s.flush()
+    assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6]
+    s.free["L1"] = 3
+    s.node.sent[0][2].set_result(pack({"results": [["accepted", ""]] * 6, "queue": 6, "free": 3}))
+    s.collect()
+    s.flush()
+    assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6, 3]
+
+
+@pytest.mark.parametrize("outcome", [ConnectionError("gone"), pack({"error": "truncated", "results": [], "queue": 0,
+                                                                     "free": 1}),
+                                     pack({"results": [["accepted", ""]], "queue": 0, "free": 1})])
+def test_a_failed_or_malformed_batch_reply_keeps_every_group_and_backs_off(outcome):
+    s = fake_sampler(2)
+    s.flush()
+    fut = s.node.sent[0][2]
+    fut.set_exception(outcome) if isinstance(outcome, Exception) else fut.set_result(outcome)
+    s.collect()
+    assert all(p.learner is None and not p.sending for p in s.outbox.values()) and len(s.outbox) == 2
+    assert s.counts["send/failed"] == 1 and "L1" in s.failures
+
+
+def test_batches_respect_the_byte_bound():
+    s = fake_sampler(2, max_batch_mb=6 / 2**20)  # 6 bytes: one 4-byte record per batch
+    s.flush()
+    assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0"], [b"rec1"]]
