@@ -1,11 +1,12 @@
 """``p2prl swarm up``: a bootstrap, N samplers and M learners as separate processes on 127.0.0.1.
 
-On Linux the peers are forks of this process, made once it has imported torch,
-transformers and hivemind, so those imports (about 5 s of CPU a peer) are paid once, not
-once per peer (elsewhere each peer is a new interpreter). The bootstrap is forked as soon as
-hivemind is imported; the other peers load their models while it starts, then join the DHT
-through the multiaddrs it writes to ``<out_dir>/logs/bootstrap.maddrs`` once it is up
-(``net.initial_peers_file``). Every child runs in its own session (process group)
+On Linux the peers are forks of this process, so that what they import (torch, hivemind,
+transformers and the model's modules: about 6 s of CPU a peer) is imported once, not once
+per peer (elsewhere each peer is a new interpreter): the bootstrap is forked once hivemind
+is imported, the first learner next (it imports the model's modules itself, on one core,
+while this process imports them on the other), the other peers once this process has
+imported them too. The peers join the DHT through the multiaddrs the bootstrap writes to
+``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
 and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
 this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind.
@@ -73,18 +74,22 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         boot = start("bootstrap", [
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
             str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)])
-        for module in ("p2prl.learner.loop", "p2prl.sampler.loop"):  # transformers: what the peers need
-            import_module(module)
-
-        # the peers start at once: they load the model while the bootstrap starts, and join
-        # the DHT through the multiaddr it writes to maddrs_file once it is up
+        # the peers start while the bootstrap starts: they join the DHT through the multiaddr it writes
+        # to maddrs_file once it is up
         overrides = [f"net.initial_peers_file={maddrs_file}", f"net.bootstrap_timeout_s={BOOTSTRAP_TIMEOUT_S}",
                      *overrides]
         quiet = [] if progress else ["--no-progress"]
         (logs / "learner.log").unlink(missing_ok=True)
+        import_module("p2prl.learner.loop")
+        # the learner first: it imports the model's modules and loads it on one core while this process
+        # imports them (p2prl.policy.model.preload) on the other, for the peers forked after it
         learner = start("learner", [
             "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
             "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"], log=False)
+        import_module("p2prl.sampler.loop")
+        from p2prl.policy.model import preload
+
+        preload(cfg.model.path)
         for i in range(1, n_learners):
             start(f"learner{i}", ["join", "--role", "learner", *common, "--no-progress",
                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])

@@ -66,6 +66,23 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
+def preload(path: str | Path) -> None:
+    """Import what loading the model at ``path`` will import, without loading it: transformers imports
+    its auto classes and each architecture's modules lazily, seconds of CPU that a process forking
+    several peers (``p2prl swarm up``) pays once here instead of once per peer. Problems with the
+    folder are left to the peers' own loads, which report them."""
+    import transformers
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    for name in ("AutoModelForCausalLM", "AutoTokenizer"):  # an attribute of transformers is a lazy import
+        getattr(transformers, name)
+    try:
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(AutoConfig.from_pretrained(model_folder(path), local_files_only=True))]
+    except Exception:
+        pass
+
+
 def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy:
     """Load model and tokenizer from a local folder (``"builtin"`` = the shipped tiny model; see ``model_folder``).
 

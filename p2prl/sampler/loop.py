@@ -45,6 +45,7 @@ from p2prl.tasks import make_task
 log = logging.getLogger("p2prl.sampler.core")
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 START_POLL_CAP_S = 0.5  # longest pause between look-ups for the first policy (DHT look-ups are cheap; start-up counts)
 
 
@@ -196,13 +197,29 @@ class Sampler:
         """Groups no learner holds and none is being sent (new, answered ``busy``, or to be resent), oldest first."""
         return [p for p in self.outbox.values() if p.learner is None and not p.sending]
 
-    def wait_for_replies(self, stop: threading.Event) -> None:
-        """Pause until a batch in flight is answered, or ``net.poll_s`` has passed."""
+    def wait_for_room(self, stop: threading.Event) -> None:
+        """Groups wait for room at a learner: pause until a batch in flight is answered (``net.poll_s`` at
+        most); with none in flight, ask the learners that answered ``busy`` for their free space again
+        after about two round trips to them (``ROOM_POLL_S`` at least, ``net.poll_s`` at most), so that
+        a learner that drains its queue in a fraction of a second is not left waiting for a whole poll."""
         if self.in_flight:
             concurrent.futures.wait([b.reply for b in self.in_flight], self.cfg.net.poll_s,
                                     concurrent.futures.FIRST_COMPLETED)
-        else:
-            stop.wait(self.cfg.net.poll_s)
+            return
+        full = [r.peer_id for r in self.usable_learners() if self.free.get(r.peer_id, 1) <= 0]
+        rtt = max([self.rtt.get(learner, 0.0) for learner in full], default=0.0)
+        if stop.wait(min(self.cfg.net.poll_s, max(ROOM_POLL_S, 2 * rtt))) or not full:
+            return
+        for learner in full:
+            try:
+                raw = self.node.request(learner, "acks", pack({"ids": []}), MAX_CONTROL_BYTES)
+                reply = unpack_map(raw, {"states": dict, "queue": int})
+            except Exception as e:
+                self._failed(learner, "asking for room", e)
+                continue
+            self.queues[learner] = reply["queue"]
+            if isinstance(reply.get("free"), int):
+                self.free[learner] = reply["free"]
 
     def collect(self) -> None:
         """Handle the replies of the batches that have come back."""
@@ -366,7 +383,7 @@ class Sampler:
                 self.learners = self.learners or self.node.peers("learner")
                 continue
             if self.unsent():  # groups wait for room at a learner: making more now would only age them
-                self.wait_for_replies(stop)
+                self.wait_for_room(stop)
                 continue
             t0 = time.time()
             groups = self.core.rollout(self.core.own_prompt_ids(n))

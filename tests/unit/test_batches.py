@@ -15,7 +15,7 @@ from p2prl.learner.loop import ACTIVE_SENDER_S, Learner
 from p2prl.sampler.loop import Pending, Sampler
 from p2prl.swarm.dht import new_record
 from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_bounds,
-                                  queue_room, send_window)
+                                  queue_room, send_window, unpack_map)
 from helpers.streams import Writer, frame
 
 
@@ -181,6 +181,11 @@ class FakeNode:
     def transfer_timeout(self, nbytes):
         return 10.0
 
+    def request(self, peer, name, payload, max_reply, timeout_s=None):
+        assert name == "acks"
+        self.asked = [*getattr(self, "asked", []), (peer, unpack_map(payload, {"ids": list})["ids"])]
+        return pack({"states": {}, "queue": 1, "free": 7})
+
 
 def fake_sampler(n_groups: int, **flow) -> Sampler:
     s = object.__new__(Sampler)
@@ -217,6 +222,19 @@ def test_sampler_sends_a_window_and_handles_each_groups_answer():
     assert "S/1" not in s.outbox and s.outbox["S/2"].learner == "L1"
     s.flush()
     assert len(s.node.sent) == 2, "the learner said it takes no more"
+
+
+def test_a_sampler_answered_busy_asks_for_room_again_after_two_round_trips_not_a_whole_poll():
+    s = fake_sampler(3)
+    s.free["L1"], s.rtt["L1"] = 0, 0.2
+    stop = SimpleNamespace(waited=[], wait=lambda t: stop.waited.append(t) or False)
+    s.wait_for_room(stop)
+    assert stop.waited == [pytest.approx(0.4)] and s.node.asked == [("L1", [])]
+    assert s.free["L1"] == 7 and s.queues["L1"] == 1
+    s.flush()
+    assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0", b"rec1"]]
+    s.wait_for_room(SimpleNamespace(wait=lambda t: False))  # a batch in flight: its reply is what it waits for
+    assert len(s.node.asked) == 1
 
 
 def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learners_room():
