@@ -40,12 +40,12 @@ PATHS = {"one group per stream": ["flow.max_batch_groups=1"], "batched": []}
 TARGET_X = 8.0
 
 
-def run_cell(path: str, rtt: float, overrides: list[str]) -> dict:
+def run_cell(path: str, rtt: int, overrides: list[str]) -> dict:
     out = OUT / ("per-group" if PATHS[path] else "batched") / f"rtt{rtt:g}"
     shutil.rmtree(out, ignore_errors=True)
     ns = cli.build_parser().parse_args(
-        ["experiment", "network", "--config", str(ROOT / CONFIG), "--out", str(out), "--algos", "gepo",
-         "--rtts", f"{rtt:g}", *PATHS[path], *overrides])
+        ["experiment", "network", *PATHS[path], *overrides, "--config", str(ROOT / CONFIG), "--out", str(out),
+         "--algos", "gepo", "--rtts", str(int(rtt))])
     run = netexp.run_network(ns).run
     if run.failed:
         raise RuntimeError(f"{path}, max RTT {rtt:g} ms: " + "; ".join(run.failed))
@@ -58,7 +58,7 @@ def per_minute(s: dict) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rtts", type=float, nargs="+", default=[500.0, 1500.0], help="maximum sampler RTTs (ms)")
+    ap.add_argument("--rtts", type=int, nargs="+", default=[500, 1500], help="maximum sampler RTTs (ms)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every peer of every cell")
     a = ap.parse_args()
     missing = netexp.probe()
@@ -67,7 +67,7 @@ def main() -> int:
         return netexp.EXIT_UNSUPPORTED
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # a terminated run still stops its swarm
     t0 = time.time()
-    cells: dict[tuple[str, float], dict] = {}
+    cells: dict[tuple[str, int], dict] = {}
     for i, rtt in enumerate(a.rtts):
         for path in (list(PATHS) if i % 2 == 0 else list(PATHS)[::-1]):
             print(f"{path}, max RTT {rtt:g} ms", flush=True)
@@ -122,7 +122,7 @@ def main() -> int:
     ])
     print(body)
     shown = " ".join(["python benchmarks/network_throughput.py"]
-                     + (["--rtts", *(f"{r:g}" for r in a.rtts)] if a.rtts != [500.0, 1500.0] else []) + a.overrides)
+                     + (["--rtts", *(f"{r:g}" for r in a.rtts)] if a.rtts != [500, 1500] else []) + a.overrides)
     write_section("network_throughput", "Groups per minute over an emulated network: batched vs one group per stream",
                   shown, body)
     return 0

@@ -114,7 +114,8 @@ class Learner:
         self.ledger.restore(saved, self.core.version, truncate_log(self.out / "train_log.jsonl", self.core.version),
                             time.time())
         self.buffer, self.counts = self.ledger.buffer, self.ledger.counts
-        self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version)
+        self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version, cfg.flow.keep_seconds,
+                                 int(cfg.flow.keep_mb * 2**20))
         # log-prob spot checks on a scratch copy of the model, made before the training thread steps it
         self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out))
         self.throughput = 0.0

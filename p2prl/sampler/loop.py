@@ -86,7 +86,7 @@ class Sampler:
         policy = policy or load_policy(cfg.model.path, cfg.model)
         self.core = SamplerCore(policy, task, cfg, cfg.net.run_id, peer_id=node.peer_id,
                                 session=secrets.token_hex(4), generator=make_generator(policy, cfg))
-        self.store = WeightStore(cfg.flow.keep_versions, max_uploads_per_version=4)
+        self.store = WeightStore(cfg.flow.keep_versions, 4, cfg.flow.keep_seconds, int(cfg.flow.keep_mb * 2**20))
         self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))
         self.outbox: dict[str, Pending] = {}
         self.counts: Counter[str] = Counter()

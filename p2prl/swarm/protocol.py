@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
+import time
 from collections import OrderedDict
 from typing import Callable
 
@@ -118,11 +119,17 @@ def unpack_map(raw: bytes, required: dict[str, type], max_items: int = MAX_ACK_I
 
 
 class WeightStore:
-    """The policy versions this peer can serve, newest ``keep``; counts uploads and bytes."""
+    """The policy versions this peer can serve: the newest ``keep``, and older ones added less than
+    ``keep_s`` seconds ago while all kept fit ``keep_bytes`` (a peer far away spends several round
+    trips between looking a version up and asking for it; at a fast learner's pace that is more than
+    ``keep`` versions). Counts uploads and bytes."""
 
-    def __init__(self, keep: int, max_uploads_per_version: int):
+    def __init__(self, keep: int, max_uploads_per_version: int, keep_s: float = 0.0, keep_bytes: int = 0,
+                 clock: Callable[[], float] = time.monotonic):
         self.keep, self.max_uploads = keep, max_uploads_per_version
+        self.keep_s, self.keep_bytes, self.clock = keep_s, keep_bytes, clock
         self._blobs: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
+        self._added: dict[int, float] = {}
         self._active: dict[int, int] = {}
         self._lock = threading.Lock()
         self.bytes_served = 0
@@ -131,9 +138,15 @@ class WeightStore:
 
     def add(self, version: int, sha256: str, blob: bytes) -> None:
         with self._lock:
-            self._blobs[version] = (sha256, blob)
+            now = self.clock()
+            self._blobs[version], self._added[version] = (sha256, blob), now
             while len(self._blobs) > self.keep:
+                oldest = next(iter(self._blobs))
+                if (now - self._added[oldest] < self.keep_s
+                        and sum(len(b) for _, b in self._blobs.values()) <= self.keep_bytes):
+                    break
                 self._blobs.popitem(last=False)
+                del self._added[oldest]
 
     def sha(self, version: int) -> str | None:
         with self._lock:

@@ -199,3 +199,22 @@ def test_no_holder_left_gives_nothing():
     holders = Holders({"A": BLOB, "B": BLOB}, REC.sha256, refuse={"A", "B"})
     got = fetch(holders, ["A", "B"], REC)
     assert got.blob is None and got.bad_hashes == 0 and got.holders == []
+
+
+def test_the_store_keeps_recent_versions_for_far_peers_within_its_memory():
+    now = [0.0]
+    store = WeightStore(keep=2, max_uploads_per_version=1, keep_s=30.0, keep_bytes=4000, clock=lambda: now[0])
+    for v in range(5):  # five versions in 4 s: all younger than 30 s, 5 x 500 bytes fit 4000
+        store.add(v, f"h{v}", bytes(500))
+        now[0] += 1.0
+    assert [v for v in range(5) if store.sha(v)] == [0, 1, 2, 3, 4]
+    now[0] = 32.5  # versions 0..2 are now older than 30 s: only the newest 2 and the recent ones stay
+    store.add(5, "h5", bytes(500))
+    assert [v for v in range(6) if store.sha(v)] == [3, 4, 5]
+    for v in range(6, 12):  # memory: at most 4000 bytes, never fewer than keep versions
+        store.add(v, f"h{v}", bytes(1500))
+    assert [v for v in range(12) if store.sha(v)] == [10, 11]
+    plain = WeightStore(keep=2, max_uploads_per_version=1)  # no keep_s: the newest keep only
+    for v in range(4):
+        plain.add(v, f"h{v}", b"x")
+    assert [v for v in range(4) if plain.sha(v)] == [2, 3]
