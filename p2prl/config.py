@@ -119,7 +119,7 @@ class TrainConfig(_Section):
     micro_batch_tokens: int = Field(
         0, ge=0, le=1 << 30, description="Learner: split a step into micro-batches of whole groups of at most this many padded prompt+completion tokens and accumulate gradients (0 = one pass)."
     )
-    wait_for_samplers: int = Field(0, ge=0, le=100_000, description="Swarm learner: before its first step, wait until this many distinct samplers have announced themselves in the DHT or sent groups (0 = start at once); gives up after `wait_for_samplers_s`, logging who came.")
+    wait_for_samplers: int = Field(0, ge=0, le=100_000, description="Swarm learner: before its first step, wait until this many distinct samplers have sent it groups (0 = start at once); gives up after `wait_for_samplers_s`, logging how many came.")
     wait_for_samplers_s: float = Field(600.0, gt=0.0, le=86_400.0, description="Longest wait for `wait_for_samplers`, seconds; then training starts with the samplers there are.")
 
 

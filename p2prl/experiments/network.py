@@ -6,7 +6,7 @@ separate processes, each in its own Linux network namespace, joined through the
 userspace link emulator of ``p2prl.experiments.linkemu`` (per-peer RTT, rate limit, bounded queue).
 Staleness is whatever the network makes of it: the learner's window
 (``staleness.max_staleness``) is fixed by the config and no delay is simulated. The
-learner takes its first step once every sampler of the cell has joined
+learner takes its first step once every sampler of the cell has sent it a group
 (``train.wait_for_samplers``), so that a far sampler's slow start is not counted as lag.
 
 The grid is algorithm x maximum sampler RTT x seed. In a cell the bootstrap and the

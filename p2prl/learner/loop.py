@@ -201,10 +201,10 @@ class Learner:
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
 
     def samplers_seen(self) -> set[str]:
-        """Samplers of the run seen so far: announced in the DHT, or senders of groups waiting here."""
+        """Samplers that have sent this learner groups: ready to contribute (a far sampler announces itself
+        in the DHT long before it holds a policy and has made a group: seconds of round trips)."""
         with self.lock:
-            senders = {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
-        return senders | {r.peer_id for r in self.node.peers("sampler")}
+            return set(self.senders) | {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
 
     def poll_ahead(self) -> bool:
         """Every ``poll_s``: load the state of a learner ahead of us (True); else versions stepped alone long enough ago stand."""

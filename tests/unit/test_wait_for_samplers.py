@@ -71,18 +71,13 @@ def test_wait_for_samplers_defaults_to_no_wait():
     assert load_config(None, ["train.wait_for_samplers=3"]).train.wait_for_samplers == 3
 
 
-def test_samplers_seen_joins_the_dht_records_and_the_senders_of_waiting_groups():
+def test_samplers_seen_are_those_that_sent_groups_not_those_only_announced():
     from types import SimpleNamespace
 
     from p2prl.learner.loop import Learner
 
-    asked = []
-
-    def peers(role):
-        asked.append(role)
-        return [SimpleNamespace(peer_id="dht-only"), SimpleNamespace(peer_id="both")]
-
-    fake = SimpleNamespace(lock=threading.Lock(), node=SimpleNamespace(peers=peers),
-                           buffer=SimpleNamespace(pending=[SimpleNamespace(sampler="both"), SimpleNamespace(sampler="sent")],
-                                                  first=[SimpleNamespace(sampler="requeued")]))
-    assert Learner.samplers_seen(fake) == {"dht-only", "both", "sent", "requeued"} and asked == ["sampler"]
+    fake = SimpleNamespace(lock=threading.Lock(), senders={"sent": 1.0, "sent-too": 2.0},
+                           node=SimpleNamespace(peers=lambda role: [SimpleNamespace(peer_id="announced-only")]),
+                           buffer=SimpleNamespace(pending=[SimpleNamespace(sampler="sent")],  # queued: still counts
+                                                  first=[SimpleNamespace(sampler="quiet-for-a-minute")]))
+    assert Learner.samplers_seen(fake) == {"sent", "sent-too", "quiet-for-a-minute"}
