@@ -8,12 +8,14 @@ Three processes, each with its own hivemind DHT + p2pd on 127.0.0.1 (loopback-on
   the same seed, so the same bytes) turned into safetensors bytes + sha256 by
   ``p2prl.policy.weights.serialize_weights``, kept in a ``WeightStore`` and served by ``weights_handler``
   (the learner's handler), plus a raw binary stream handler that writes the same bytes (8-byte length,
-  then the blob in 1 MiB writes). Holder A plays the publisher; holder B announces itself in the DHT as
-  a holder of every version (as a sampler that loaded it does);
+  then the blob in 1 MiB writes). Both announce themselves in the DHT as holders of every version (as
+  samplers that loaded it do);
 * fetcher (this process): ``Sampler.fetch`` itself (holder look-up in the DHT, requests, bytes read
   into one buffer of the record's size, sha256 along the way) with ``flow.fetch_parallel`` = 1 (the
-  whole blob from one holder: B, tried first as the sampler tries other samplers first) and = 2
-  (a range from each holder at once), against B's raw stream read with ``readexactly`` (no hash).
+  whole blob from one holder: A is named the publisher, so B serves it, as other samplers serve
+  before the publishing learner) and = 2 (a range from each holder at once: a sampler splits a fetch
+  among other samplers that hold the version; the publisher named then is not asked), against B's
+  raw stream read with ``readexactly`` (no hash).
 
 Rounds go through the three paths in a rotating order; medians are shown. The fetcher's peak
 resident-memory growth during each kind of fetch is the kernel's high-water mark (reset before each
@@ -110,10 +112,9 @@ def serve(info_path: str, peer: str | None) -> None:
         tmp = info_path + ".tmp"
         Path(tmp).write_text(json.dumps({"peer_id": node.peer_id, "maddrs": node.visible_maddrs(), "models": models}))
         os.replace(tmp, info_path)
-        while True:  # holder B: announce every version as a sampler holding it does, within the records' TTL
-            if peer:
-                for m in models:
-                    node.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
+        while True:  # announce every version as a sampler holding it does, within the records' TTL
+            for m in models:
+                node.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             if stop.wait(node.cfg.heartbeat_s):
                 break
     finally:
@@ -165,6 +166,7 @@ def main() -> None:
         holder, pid = info["peer_id"], PeerID.from_base58(info_b["peer_id"])  # raw: from B, as p2prl's one-holder fetch
         failures = Counter()
         ONE, TWO = "p2prl fetch, one holder", "p2prl fetch, two holders (ranges)"
+        NOT_ASKED = "publisher (not asked while the two holders answer)"
 
         def sampler(parallel: int) -> SimpleNamespace:
             return SimpleNamespace(node=node, counts=Counter(), cfg=SimpleNamespace(flow=SimpleNamespace(fetch_parallel=parallel)))
@@ -173,10 +175,12 @@ def main() -> None:
             rec = PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"])
             for _ in range(3):
                 fake = sampler(parallel)
-                blob = Sampler.fetch(fake, holder, rec)  # the sampler's own code path
+                # the sampler's own code path; two holders: both are other samplers (a sampler splits a fetch
+                # among those, the publishing learner is asked only when they fail), one: A is the publisher
+                blob = Sampler.fetch(fake, holder if parallel == 1 else NOT_ASKED, rec)
                 if blob is not None:
                     want = 2 if parallel > 1 and m["size"] >= MIN_SPLIT else 1
-                    assert len([k for k in fake.counts if k.startswith("weights/fetched_from")]) == want, fake.counts
+                    assert sum(n for k, n in fake.counts.items() if k.startswith("weights/fetched_from")) == want, fake.counts
                     return len(blob)
                 failures[parallel] += 1
             raise RuntimeError("p2prl fetch failed 3 times")
@@ -195,9 +199,9 @@ def main() -> None:
             return node.run(raw_read(m["version"]), timeout=600)
 
         wait = time.time() + 60
-        while len(node.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 1:
+        while len(node.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 2:
             if time.time() > wait:
-                raise RuntimeError("holder B's announcement did not reach the fetcher's DHT")
+                raise RuntimeError("the holders' announcements did not reach the fetcher's DHT")
             time.sleep(0.5)
         methods = {"raw stream": raw_fetch, ONE: lambda m: p2prl_fetch(m, 1), TWO: lambda m: p2prl_fetch(m, 2)}
         for fn in methods.values():  # warm-up on the small model
