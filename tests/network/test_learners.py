@@ -21,7 +21,9 @@ LEARNERS = ["rounds.group_size=4", "rounds.wait_s=1", "rounds.timeout_s=10"]  # 
 
 def start_averagers(tmp_path, specs, group_size):
     """Start one avg_peer.py process per (name, seed, weight, extra args); return once all are ready."""
-    env = dict(os.environ, GROUP=str(group_size), WAIT_S="3")
+    # matchmaking may take 8 s (a full group starts at once): on a loaded 2-core machine (CI installs vLLM
+    # meanwhile) 3 s was once too short for two averagers to find each other
+    env = dict(os.environ, GROUP=str(group_size), WAIT_S="8")
     procs, first = [], None
     for name, seed, weight, *extra in specs:
         args = [sys.executable, str(Path(__file__).resolve().parents[1] / "helpers" / "avg_peer.py"), str(tmp_path), name, str(seed), str(weight),
