@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -163,6 +164,26 @@ def stop_child(proc: subprocess.Popen) -> None:
 
 
 # ---- sender ------------------------------------------------------------------------------------
+@contextmanager
+def receiver():
+    """(this process's sampler node, the receiver's peer id): a receiver child (``serve``) and a node joined
+    to it; both stopped, and their files removed, on the way out."""
+    from p2prl.swarm.node import SwarmNode
+
+    tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
+    proc = node = None
+    try:
+        proc, info = start_child(__file__, tmp / "receiver.json")
+        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
+        yield node, info["peer_id"]
+    finally:
+        if node is not None:
+            node.shutdown()
+        if proc is not None:
+            stop_child(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def make_records(sender: str, G: int, T: int, n: int, seed: int) -> list[bytes]:
     from p2prl.rollout.record import RolloutGroup, encode_group
 
@@ -196,15 +217,10 @@ def main() -> None:
     from hivemind.p2p import PeerID
 
     from p2prl.rollout.record import decode_group
-    from p2prl.swarm.node import SwarmNode
     from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 
-    tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
-    proc = node = None
-    try:
-        proc, info = start_child(__file__, tmp / "receiver.json")
-        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
-        target, pid = info["peer_id"], PeerID.from_base58(info["peer_id"])
+    with receiver() as (node, target):
+        pid = PeerID.from_base58(target)
         p2p = node._p2p
 
         lost = {"replies": 0, "requests": 0, "raw_replies": 0, "raw_requests": 0}
@@ -291,12 +307,6 @@ def main() -> None:
                              ratio if m == "p2prl rollout path" else None, ok if m == "p2prl rollout path" else None))
             print(f"{label}: {rec_kb:.1f} KiB/record; round times (s): "
                   + "; ".join(f"{m}: " + ", ".join(f"{t:.3f}" for t in ts) for m, ts in per.items()), flush=True)
-    finally:
-        if node is not None:
-            node.shutdown()
-        if proc is not None:
-            stop_child(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     lines = [
         "| record | KiB/record | path | records/round | MB/s (median) | records/s (median) | p2prl / raw (median of per-round ratios) | target: >= 0.5 of raw |",
@@ -330,16 +340,10 @@ def main() -> None:
 def batched(rounds: int) -> None:
     """groups/s of G=8, T=512 records: ``rollouts`` batches vs one ``rollout`` stream per group, in one run."""
     from p2prl.config import FlowConfig
-    from p2prl.swarm.node import SwarmNode
     from p2prl.swarm.protocol import MAX_CONTROL_BYTES, encode_batch, unpack_map
 
     G, T, n, per_batch = 8, 512, 128, FlowConfig().max_batch_groups
-    tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
-    proc = node = None
-    try:
-        proc, info = start_child(__file__, tmp / "receiver.json")
-        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
-        target = info["peer_id"]
+    with receiver() as (node, target):
 
         def per_group(records):
             for data in records:
@@ -365,12 +369,6 @@ def batched(rounds: int) -> None:
                 per[m].append(time.perf_counter() - t0)
             print(f"round {r}: " + ", ".join(f"{m}: {per[m][-1]:.3f} s" for m in methods), flush=True)
         kib = sum(map(len, records)) / n / 1024
-    finally:
-        if node is not None:
-            node.shutdown()
-        if proc is not None:
-            stop_child(proc)
-        shutil.rmtree(tmp, ignore_errors=True)
 
     single, batch = list(methods)
     ratio = statistics.median(per[single][i] / per[batch][i] for i in range(rounds))

@@ -212,14 +212,9 @@ class Sampler:
             return
         for learner in full:
             try:
-                raw = self.node.request(learner, "acks", pack({"ids": []}), MAX_CONTROL_BYTES)
-                reply = unpack_map(raw, {"states": dict, "queue": int})
+                self.ask_acks(learner, [])
             except Exception as e:
                 self._failed(learner, "asking for room", e)
-                continue
-            self.queues[learner] = reply["queue"]
-            if isinstance(reply.get("free"), int):
-                self.free[learner] = reply["free"]
 
     def collect(self) -> None:
         """Handle the replies of the batches that have come back."""
@@ -273,6 +268,16 @@ class Sampler:
         self.counts["send/" + status] += 1
         p.learner = target
 
+    def ask_acks(self, learner: str, ids: list[str]) -> dict:
+        """The states ``learner`` reports for ``ids`` (an ``acks`` request); its queue length and the room it
+        has for our groups are noted. Raises on a failed or malformed reply."""
+        raw = self.node.request(learner, "acks", pack({"ids": ids}), MAX_CONTROL_BYTES)
+        reply = unpack_map(raw, {"states": dict, "queue": int})
+        self.queues[learner] = reply["queue"]
+        if isinstance(reply.get("free"), int):
+            self.free[learner] = reply["free"]
+        return reply["states"]
+
     def settle(self) -> None:
         """Ask each learner about the groups it holds for us; resend what it lost."""
         live = {r.peer_id for r in self.learners}
@@ -291,11 +296,7 @@ class Sampler:
         for learner, ids in by_learner.items():
             for i in range(0, max(1, len(ids)), 1024):
                 try:
-                    raw = self.node.request(learner, "acks", pack({"ids": ids[i : i + 1024]}), MAX_CONTROL_BYTES)
-                    reply = unpack_map(raw, {"states": dict, "queue": int})
-                    states, self.queues[learner] = reply["states"], reply["queue"]
-                    if isinstance(reply.get("free"), int):
-                        self.free[learner] = reply["free"]
+                    states = self.ask_acks(learner, ids[i : i + 1024])
                 except Exception as e:
                     self._failed(learner, "asking for acks", e)
                     for gid in ids[i:]:  # its learner did not answer: they go to whichever learner is usable
