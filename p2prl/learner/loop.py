@@ -604,7 +604,7 @@ class Learner:
                 return
         with self.lock:
             queue, free = len(self.buffer), self.room(peer)
-        reply = {"results": [list(r) for r in results], "queue": queue, "free": free}
+        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, "version": self.core.version}
         await write_frame(writer, pack({**reply, "error": error} if error else reply))
 
     async def on_acks(self, peer: str, reader, writer) -> None:
@@ -620,7 +620,7 @@ class Learner:
         with self.lock:
             states = self.ledger.states_of(ids)
             queue, free = len(self.buffer), self.room(peer)
-        await write_frame(writer, pack({"states": states, "queue": queue, "free": free}))
+        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, "version": self.core.version}))
 
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,

@@ -1,9 +1,13 @@
 """``p2prl join --role sampler``: generate groups with the version held, stream them to learners.
 
-The loop reads top to bottom: heartbeat; pick up a newer policy version when the sync
-delay allows (fetched from another sampler when one holds it, hash-verified); generate
-one batch of groups; send them to learners in batches (``rollouts``), at most one send
-window in flight per learner, while the next batch is generated; settle acknowledgements.
+The loop reads top to bottom: load the policy version the background thread fetched, if
+any; settle acknowledgements (``acks`` requests in flight, not waited for); generate one
+batch of groups; send them to learners in batches (``rollouts``), at most one send window
+in flight per learner, while the next batch is generated. A background thread does what
+costs round trips, so that a sampler far from the swarm keeps generating meanwhile: the
+heartbeat, and looking up and fetching a newer policy version when the sync delay allows
+(from another sampler when one holds it, hash-verified), every ``net.poll_s`` or as soon as
+a learner's reply names a version newer than the one held.
 A group stays in the outbox until a learner reports it trained, dropped or rejected; if
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
 learner when there is one). In a run with an authority (``swarm/authority.py``) it waits
@@ -45,6 +49,7 @@ from p2prl.tasks import make_task
 log = logging.getLogger("p2prl.sampler.core")
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 START_POLL_CAP_S = 0.5  # longest pause between look-ups for the first policy (DHT look-ups are cheap; start-up counts)
 
@@ -55,6 +60,15 @@ class Pending:
     data: bytes
     learner: str | None  # None: not delivered yet
     sending: bool = False  # in a batch whose reply has not been handled yet
+
+
+@dataclass
+class AcksRequest:
+    """One ``acks`` request in flight."""
+
+    learner: str
+    ids: list[str]
+    reply: Future
 
 
 @dataclass
@@ -98,6 +112,9 @@ class Sampler:
         self.free: dict[str, int] = {}  # learner -> groups it last said it would still take from us
         self.rtt: dict[str, float] = {}  # learner -> smoothed seconds from sending a batch to its reply
         self.in_flight: list[Batch] = []
+        self.acking: list[AcksRequest] = []
+        self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the background thread, to load
+        self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
@@ -126,29 +143,66 @@ class Sampler:
             self.counts["weights/fetched_in_ranges"] += 1
         return got.blob
 
-    def maybe_sync(self) -> None:
+    def fetch_latest(self) -> tuple[str, PolicyRecord, bytearray] | None:
+        """(publisher, record, weights) of the newest published version when it is newer than ours and the
+        sync delay lets us load it, fetched and verified, and served to other samplers from then on; else None."""
         latest = self.node.latest_policy()
         if latest is None:
-            return
+            return None
         publisher, rec = latest
         if rec.version <= self.core.version and self.core.weights_sha256:
-            return
+            return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
-            return
+            return None
         blob = self.fetch(publisher, rec)
         if blob is None:
-            return
+            return None
+        if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
+            self.store.add(rec.version, rec.sha256, blob)
+            self.node.announce_holder(rec)
+        return publisher, rec, blob
+
+    def load(self, publisher: str, rec: PolicyRecord, blob: bytearray) -> None:
+        """Load fetched weights into the generator; the next version we take is drawn from the sync delay."""
         try:
             self.core.load(blob, rec.version, rec.sha256)
         except Exception as e:  # safetensors or shape errors: weights published for another model
             self.counts["weights/unloadable"] += 1
             log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
             return
-        if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
-            self.store.add(rec.version, rec.sha256, blob)
-            self.node.announce_holder(rec)
         self.next_sync = rec.version + max(1, self.delay.draw())
         log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
+
+    def maybe_sync(self) -> None:
+        """Look up, fetch and load a newer version now (before the loop starts; the loop does it in the background)."""
+        got = self.fetch_latest()
+        if got is not None:
+            self.load(*got)
+
+    def background(self, stop: threading.Event) -> None:
+        """The heartbeat and policy look-ups, off the generating path: a version fetched here waits in
+        ``self.fetched`` until the loop loads it between rollouts. Runs every ``net.poll_s``, or sooner
+        (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than ours."""
+        last_beat = time.time()  # run() announced us just before
+        while not stop.is_set():
+            if self.wake.wait(self.cfg.net.poll_s):
+                self.wake.clear()
+            try:
+                if time.time() - last_beat > self.cfg.net.heartbeat_s or not self.learners:
+                    self.heartbeat()
+                    last_beat = time.time()
+                if self.fetched is None:
+                    self.fetched = self.fetch_latest()
+            except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
+                if not stop.is_set():
+                    log.warning("background sync: %s: %s", type(e).__name__, e)
+            stop.wait(MIN_LOOKUP_S)
+
+    def note_version(self, version) -> None:
+        """A learner's reply named its version: wake the background look-up when it is one we would load."""
+        if (isinstance(version, int) and version > self.core.version and version >= self.next_sync
+                and self.fetched is None):
+            self.wake.set()
 
     # ---- rollouts ----------------------------------------------------------------------------
     def _failed(self, learner: str, what: str, e: Exception) -> None:
@@ -217,7 +271,20 @@ class Sampler:
                 self._failed(learner, "asking for room", e)
 
     def collect(self) -> None:
-        """Handle the replies of the batches that have come back."""
+        """Handle the replies of the batches and ``acks`` requests that have come back."""
+        for a in [a for a in self.acking if a.reply.done()]:
+            self.acking.remove(a)
+            try:
+                states = self.acks_reply(a.learner, a.reply.result())
+            except Exception as e:
+                self._failed(a.learner, "asking for acks", e)
+                for gid in a.ids:  # its learner did not answer: they go to whichever learner is usable
+                    p = self.outbox.get(gid)
+                    if p is not None and p.learner == a.learner and not p.sending:
+                        p.learner = None
+                        self.counts["send/resend"] += 1
+                continue
+            self.apply_states(a.learner, a.ids, states)
         for b in [b for b in self.in_flight if b.reply.done()]:
             self.in_flight.remove(b)
             groups = [self.outbox[gid] for gid in b.ids]  # settle leaves groups being sent alone
@@ -240,6 +307,7 @@ class Sampler:
             rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
             self.rtt[b.learner] = 0.8 * self.rtt[b.learner] + 0.2 * rtt if b.learner in self.rtt else rtt
             self.queues[b.learner], self.free[b.learner] = reply["queue"], reply["free"]
+            self.note_version(reply.get("version"))
             for p, (status, reason) in zip(groups, results):
                 self.on_result(p, b.learner, status, reason)
             if any(status == "busy" for status, _ in results):  # sent again once an acks reply says there is room
@@ -269,50 +337,59 @@ class Sampler:
         p.learner = target
 
     def ask_acks(self, learner: str, ids: list[str]) -> dict:
-        """The states ``learner`` reports for ``ids`` (an ``acks`` request); its queue length and the room it
-        has for our groups are noted. Raises on a failed or malformed reply."""
-        raw = self.node.request(learner, "acks", pack({"ids": ids}), MAX_CONTROL_BYTES)
+        """The states ``learner`` reports for ``ids`` (an ``acks`` request, waited for). Raises on a failed or
+        malformed reply."""
+        return self.acks_reply(learner, self.node.request(learner, "acks", pack({"ids": ids}), MAX_CONTROL_BYTES))
+
+    def acks_reply(self, learner: str, raw: bytes) -> dict:
+        """The states of an ``acks`` reply; its queue length, the room it has for our groups and its version
+        are noted. Raises ValueError on a malformed reply."""
         reply = unpack_map(raw, {"states": dict, "queue": int})
         self.queues[learner] = reply["queue"]
         if isinstance(reply.get("free"), int):
             self.free[learner] = reply["free"]
+        self.note_version(reply.get("version"))
         return reply["states"]
 
+    def apply_states(self, learner: str, ids: list[str], states: dict) -> None:
+        """Drop the groups ``learner`` reports trained, dropped or rejected; resend those it does not know."""
+        for gid in ids:
+            p = self.outbox.get(gid)
+            if p is None or p.learner != learner:  # settled or sent elsewhere while the request was out
+                continue
+            state = states.get(gid, "unknown")
+            if state in DONE_STATES:
+                self.counts[f"acked/{state}"] += 1
+                del self.outbox[gid]
+                if state == "trained" and self.ack_log:
+                    self.ack_log.write(gid + "\n")
+            elif state == "unknown":
+                self.counts["send/resend"] += 1
+                p.learner = None
+
     def settle(self) -> None:
-        """Ask each learner about the groups it holds for us; resend what it lost."""
+        """Ask each learner about the groups it holds for us (without waiting: ``collect`` handles the
+        replies); note groups whose learner is gone for resending."""
         live = {r.peer_id for r in self.learners}
+        asking = {a.learner for a in self.acking}
         by_learner: dict[str, list[str]] = {}
         for gid, p in self.outbox.items():
             if p.sending:
                 continue
             if p.learner in live:
-                by_learner.setdefault(p.learner, []).append(gid)
+                if p.learner not in asking:
+                    by_learner.setdefault(p.learner, []).append(gid)
             elif p.learner is not None:  # its learner is gone
                 self.counts["send/resend"] += 1
                 p.learner = None
-        for learner in live:  # a learner that said it takes no more of ours: ask again (its free space)
+        for learner in live - asking:  # a learner that said it takes no more of ours: ask again (its free space)
             if self.free.get(learner, 1) <= 0:
                 by_learner.setdefault(learner, [])
         for learner, ids in by_learner.items():
             for i in range(0, max(1, len(ids)), 1024):
-                try:
-                    states = self.ask_acks(learner, ids[i : i + 1024])
-                except Exception as e:
-                    self._failed(learner, "asking for acks", e)
-                    for gid in ids[i:]:  # its learner did not answer: they go to whichever learner is usable
-                        self.outbox[gid].learner = None
-                    self.counts["send/resend"] += len(ids) - i
-                    break
-                for gid in ids[i : i + 1024]:
-                    state = states.get(gid, "unknown")
-                    if state in DONE_STATES:
-                        self.counts[f"acked/{state}"] += 1
-                        del self.outbox[gid]
-                        if state == "trained" and self.ack_log:
-                            self.ack_log.write(gid + "\n")
-                    elif state == "unknown":
-                        self.counts["send/resend"] += 1
-                        self.outbox[gid].learner = None
+                chunk = ids[i : i + 1024]
+                reply = self.node.submit(learner, "acks", pack({"ids": chunk}), MAX_CONTROL_BYTES)
+                self.acking.append(AcksRequest(learner, chunk, reply))
         self.flush()
 
     def learners_full(self) -> bool:
@@ -368,20 +445,20 @@ class Sampler:
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
-        last_beat = last_poll = 0.0
+        sync = threading.Thread(target=self.background, args=(stop,), name="p2prl-sampler-sync", daemon=True)
+        sync.start()
+        last_poll = 0.0
         while not stop.is_set():
+            if self.fetched is not None:  # a newer version, fetched in the background: load it between rollouts
+                self.load(*self.fetched)
+                self.fetched = None
             self.collect()
             self.flush()
-            if time.time() - last_beat > self.cfg.net.heartbeat_s:
-                self.heartbeat()
-                last_beat = time.time()
             if time.time() - last_poll > self.cfg.net.poll_s:
-                self.maybe_sync()
                 self.settle()
                 last_poll = time.time()
             if not self.learners or len(self.outbox) >= self.cfg.flow.outbox_limit or self.learners_full():
                 stop.wait(self.cfg.net.poll_s)
-                self.learners = self.learners or self.node.peers("learner")
                 continue
             if self.unsent():  # groups wait for room at a learner: making more now would only age them
                 self.wait_for_room(stop)
@@ -394,6 +471,7 @@ class Sampler:
                 self.outbox[g.group_id] = Pending(g, encode_group(g), None)
             self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
+        sync.join(timeout=self.cfg.net.rpc_timeout_s + 1)
 
     def prometheus(self) -> list:
         """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""

@@ -99,7 +99,8 @@ def fake_learner(waiting, others=0, **overrides):
     lrn = SimpleNamespace(lock=threading.Condition(), counts=Counter(), buffer=Buffer(waiting), cfg=cfg, bytes_in=0,
                           batch_limit=1 << 16, senders={}, membership=SimpleNamespace(others=["L"] * others),
                           reputation=SimpleNamespace(rejected=[], reject=lambda p, r: lrn.reputation.rejected.append(r)),
-                          admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"))
+                          admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"),
+                          core=SimpleNamespace(version=3))
 
     def admit(data, peer):
         if data == b"bad":
@@ -155,7 +156,7 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
     raw = encode_batch([b"g1", b"bad", b"g2", b"g3"])
     reply = run_rollouts(lrn, raw, "s")
     assert reply == {"results": [["accepted", ""], ["rejected", "malformed"], ["accepted", ""], ["busy", "queue_full"]],
-                     "queue": 8, "free": 0}
+                     "queue": 8, "free": 0, "version": 3}
     assert lrn.bytes_in == len(raw)
     assert run_rollouts(lrn, b"\x00\x00\x00\x02garbage", "s")["error"] == "truncated"
     assert run_rollouts(lrn, encode_batch([b"x"] * 5), "s")["error"] == "batch_size"
@@ -173,8 +174,11 @@ class FakeNode:
         self.sent: list[tuple[str, bytes, Future]] = []
 
     def submit(self, peer, name, payload, max_reply, timeout_s=None):
-        assert name == "rollouts"
         f = Future()
+        if name == "acks":
+            self.acks = [*getattr(self, "acks", []), (peer, unpack_map(payload, {"ids": list})["ids"], f)]
+            return f
+        assert name == "rollouts"
         self.sent.append((peer, payload, f))
         return f
 
@@ -193,8 +197,9 @@ def fake_sampler(n_groups: int, **flow) -> Sampler:
     s.node = FakeNode()
     s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
     s.outbox = {f"S/{i}": Pending(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode(), None) for i in range(n_groups)}
-    s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight = Counter(), {}, {}, {}, {}, []
-    s.throughput = 0.0
+    s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight, s.acking = Counter(), {}, {}, {}, {}, [], []
+    s.throughput, s.next_sync, s.fetched, s.wake, s.ack_log = 0.0, 0, None, threading.Event(), None
+    s.core = SimpleNamespace(version=2)
     return s
 
 
@@ -266,3 +271,79 @@ def test_batches_respect_the_byte_bound():
     s = fake_sampler(2, max_batch_mb=6 / 2**20)  # 6 bytes: one 4-byte record per batch
     s.flush()
     assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0"], [b"rec1"]]
+
+
+def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
+    s = fake_sampler(4)
+    for p in s.outbox.values():
+        p.learner = "L1"
+    s.settle()
+    [(peer, ids, fut)] = s.node.acks
+    assert peer == "L1" and ids == ["S/0", "S/1", "S/2", "S/3"]
+    s.settle()
+    assert len(s.node.acks) == 1, "one request per learner in flight"
+    s.outbox["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
+    fut.set_result(pack({"states": {"S/0": "trained", "S/1": "unknown", "S/2": "pending", "S/3": "trained"},
+                         "queue": 3, "free": 5, "version": 2}))
+    s.collect()
+    assert sorted(s.outbox) == ["S/1", "S/2", "S/3"] and s.counts["acked/trained"] == 1
+    assert s.outbox["S/1"].learner is None and s.counts["send/resend"] == 1 and s.outbox["S/2"].learner == "L1"
+    assert (s.queues["L1"], s.free["L1"]) == (3, 5) and not s.acking
+    assert not s.wake.is_set(), "the learner is at the version we hold"
+    s.settle()
+    s.node.acks[-1][2].set_exception(ConnectionError("gone"))
+    s.collect()
+    assert s.outbox["S/2"].learner is None and "L1" in s.failures
+
+
+def test_a_reply_naming_a_newer_version_wakes_the_look_up_only_when_we_would_load_it():
+    s = fake_sampler(0)
+    s.note_version(2)
+    assert not s.wake.is_set()
+    s.next_sync = 6  # the sync delay holds us at version 2 until version 6
+    s.note_version(5)
+    assert not s.wake.is_set()
+    s.fetched = ("L1", None, bytearray())  # one fetched already waits to be loaded
+    s.note_version(6)
+    assert not s.wake.is_set()
+    s.fetched = None
+    s.note_version("6")
+    assert not s.wake.is_set()
+    s.note_version(6)
+    assert s.wake.is_set()
+
+
+def test_the_background_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one():
+    s = fake_sampler(0)
+    s.cfg = load_config(None, ["net.poll_s=30", "net.heartbeat_s=60"])  # only a wake makes it look up again soon
+    looked, beats = [], []
+    s.fetch_latest = lambda: looked.append(time.monotonic()) or ("L1", SimpleNamespace(version=len(looked)), b"w")
+    s.heartbeat = lambda: beats.append(1)
+    stop = threading.Event()
+    t = threading.Thread(target=s.background, args=(stop,))
+    t.start()
+    try:
+        s.wake.set()
+        assert wait_for(lambda: s.fetched is not None, 5)
+        assert s.fetched[1].version == 1 and not beats, "learners known and the heartbeat not due: no heartbeat"
+        s.wake.set()  # a fetched version waits to be loaded: no second look-up meanwhile
+        time.sleep(0.3)
+        assert len(looked) == 1
+        s.fetched = None  # the loop loaded it
+        s.wake.set()
+        assert wait_for(lambda: s.fetched is not None, 5) and s.fetched[1].version == 2
+        s.learners = []  # no learner known: the heartbeat (which lists them) runs on every pass
+        s.fetched = None
+        s.wake.set()
+        assert wait_for(lambda: beats, 5)
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+def wait_for(pred, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not pred() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return bool(pred())
