@@ -139,8 +139,12 @@ def format_summary(summary: dict, what: str) -> str:
         g = summary["groups"]
         lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
     else:  # a sampler
-        made, acked = summary.get("groups_made", 0), summary.get("acked/trained", 0)
-        lines.append(f"{what} stopped: {made} groups made, {acked} acknowledged as trained")
+        made, acked, accepted = (summary.get(k, 0) for k in ("groups_made", "acked/trained", "send/accepted"))
+        lines.append(f"{what} stopped: {made} groups made, {accepted} accepted by learners, {acked} confirmed trained")
+        if summary.get("unsettled"):  # a lone learner confirms a version only after 6 x net.heartbeat_s
+            lines.append(f"  {summary['unsettled']} groups not yet confirmed trained or dropped when it stopped "
+                         "(a learner confirms its versions after a round with another learner, or after 6 x "
+                         "net.heartbeat_s alone)")
     names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}
     for k, label in names.items():
         if k in summary.get("paths", {}):

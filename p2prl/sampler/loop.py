@@ -507,5 +507,6 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
     finally:
         prom.stop_metrics(server)
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, "dht_errors": node.dht_errors, **sampler.counts,
+    return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), "dht_errors": node.dht_errors,
+            **sampler.counts,
             **node.trust.counts}
