@@ -39,7 +39,7 @@ from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import SwarmNode, backoff, wait_until
+from p2prl.swarm.node import Refused, SwarmNode, backoff, wait_until
 from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, WeightStore, encode_batch, pack, send_window, unpack_map,
                                   weights_handler)
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
@@ -51,6 +51,7 @@ log = logging.getLogger("p2prl.sampler.core")
 DONE_STATES = {"trained", "dropped", "rejected"}
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
+GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
 START_POLL_CAP_S = 0.5  # longest pause between look-ups for the first policy (DHT look-ups are cheap; start-up counts)
 
 
@@ -60,6 +61,10 @@ class Pending:
     data: bytes
     learner: str | None  # None: not delivered yet
     sending: bool = False  # in a batch whose reply has not been handled yet
+
+
+class BatchRefused(ConnectionError):
+    """A ``rollouts`` reply with an error: the learner took none of the batch's groups."""
 
 
 @dataclass
@@ -212,6 +217,16 @@ class Sampler:
         self.counts["send/failed"] += 1
         log.info("%s with learner %s failed (%s); backing off", what, learner[-6:], type(e).__name__)
 
+    def give_up(self, learner: str) -> None:
+        """``learner`` failed ``GIVE_UP_FAILURES`` exchanges in a row: the groups it holds go to other learners."""
+        lost = [p for p in self.outbox.values() if p.learner == learner and not p.sending]
+        for p in lost:
+            p.learner = None
+        self.counts["send/resend"] += len(lost)
+        if lost:
+            log.warning("learner %s failed %d exchanges in a row: %d groups it held are sent to other learners",
+                        learner[-6:], GIVE_UP_FAILURES, len(lost))
+
     def usable_learners(self) -> list[PeerRecord]:
         now = time.time()
         return [r for r in self.learners if self.failures.get(r.peer_id, (0, 0.0))[1] <= now]
@@ -277,12 +292,11 @@ class Sampler:
             try:
                 states = self.acks_reply(a.learner, a.reply.result())
             except Exception as e:
+                # its learner holds them and did not answer: ask again later; sending them to another learner
+                # now could have them trained twice. Only a learner failing again and again loses them.
                 self._failed(a.learner, "asking for acks", e)
-                for gid in a.ids:  # its learner did not answer: they go to whichever learner is usable
-                    p = self.outbox.get(gid)
-                    if p is not None and p.learner == a.learner and not p.sending:
-                        p.learner = None
-                        self.counts["send/resend"] += 1
+                if self.failures[a.learner][0] >= GIVE_UP_FAILURES:
+                    self.give_up(a.learner)
                 continue
             self.apply_states(a.learner, a.ids, states)
         for b in [b for b in self.in_flight if b.reply.done()]:
@@ -293,14 +307,17 @@ class Sampler:
             try:
                 reply = unpack_map(b.reply.result(), {"results": list, "queue": int, "free": int})
                 if reply.get("error"):
-                    raise ConnectionError(f"batch refused: {reply['error']}")
+                    raise BatchRefused(f"batch refused: {reply['error']}")
                 results = [r for r in reply["results"] if isinstance(r, list) and len(r) == 2
                            and all(isinstance(x, str) for x in r)]
                 if len(results) != len(groups):
                     raise ValueError(f"{len(reply['results'])} results for {len(groups)} groups")
             except Exception as e:
+                # refused: the learner took none of them; otherwise (no reply in time, a reply that does not
+                # parse) it may have: they stay with it until an acks reply tells (``settle``)
+                taken = None if isinstance(e, (Refused, BatchRefused)) else b.learner
                 for p in groups:
-                    p.learner = None
+                    p.learner = taken
                 self._failed(b.learner, f"sending {len(groups)} groups", e)
                 continue
             self.failures.pop(b.learner, None)
@@ -345,6 +362,8 @@ class Sampler:
         """The states of an ``acks`` reply; its queue length, the room it has for our groups and its version
         are noted. Raises ValueError on a malformed reply."""
         reply = unpack_map(raw, {"states": dict, "queue": int})
+        if learner in self.failures:  # it answers: no longer failing in a row (a back-off under way stays)
+            self.failures[learner] = (0, self.failures[learner][1])
         self.queues[learner] = reply["queue"]
         if isinstance(reply.get("free"), int):
             self.free[learner] = reply["free"]
@@ -402,7 +421,10 @@ class Sampler:
         self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
                                       queue_depth=len(self.outbox)))
-        self.learners = self.node.peers("learner")
+        errors = self.node.dht_errors
+        learners = self.node.peers("learner")
+        if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
+            self.learners = learners
 
     def join_authority_run(self, stop: threading.Event) -> None:
         """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""

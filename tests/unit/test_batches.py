@@ -12,8 +12,9 @@ import pytest
 
 from p2prl.config import load_config
 from p2prl.learner.loop import ACTIVE_SENDER_S, Learner
-from p2prl.sampler.loop import Pending, Sampler
+from p2prl.sampler.loop import GIVE_UP_FAILURES, Pending, Sampler
 from p2prl.swarm.dht import new_record
+from p2prl.swarm.node import Refused
 from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_bounds,
                                   queue_room, send_window, unpack_map)
 from helpers.streams import Writer, frame
@@ -254,16 +255,18 @@ def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learner
     assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6, 3]
 
 
-@pytest.mark.parametrize("outcome", [ConnectionError("gone"), pack({"error": "truncated", "results": [], "queue": 0,
-                                                                     "free": 1}),
-                                     pack({"results": [["accepted", ""]], "queue": 0, "free": 1})])
-def test_a_failed_or_malformed_batch_reply_keeps_every_group_and_backs_off(outcome):
+@pytest.mark.parametrize("outcome,taken", [
+    (TimeoutError("no answer"), "L1"),  # it may have taken them: they stay with it until an acks reply tells
+    (pack({"results": [["accepted", ""]], "queue": 0, "free": 1}), "L1"),  # one result for two groups
+    (Refused("limited"), None),  # refused: none taken, free to go anywhere
+    (pack({"error": "truncated", "results": [], "queue": 0, "free": 1}), None)])
+def test_a_failed_or_malformed_batch_reply_keeps_every_group_and_backs_off(outcome, taken):
     s = fake_sampler(2)
     s.flush()
     fut = s.node.sent[0][2]
     fut.set_exception(outcome) if isinstance(outcome, Exception) else fut.set_result(outcome)
     s.collect()
-    assert all(p.learner is None and not p.sending for p in s.outbox.values()) and len(s.outbox) == 2
+    assert all(p.learner == taken and not p.sending for p in s.outbox.values()) and len(s.outbox) == 2
     assert s.counts["send/failed"] == 1 and "L1" in s.failures
 
 
@@ -290,10 +293,42 @@ def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
     assert s.outbox["S/1"].learner is None and s.counts["send/resend"] == 1 and s.outbox["S/2"].learner == "L1"
     assert (s.queues["L1"], s.free["L1"]) == (3, 5) and not s.acking
     assert not s.wake.is_set(), "the learner is at the version we hold"
+
+
+def test_groups_a_learner_holds_go_elsewhere_only_after_it_fails_again_and_again():
+    # a lost acks reply (timeout under load) does not mean the learner lost the groups: sent to another
+    # learner they could be trained twice
+    s = fake_sampler(2)
+    s.learners.append(new_record("learner", "test", "L2", policy_version=0, throughput=0.0, queue_depth=0))
+    for p in s.outbox.values():
+        p.learner = "L1"
+    for n in range(1, GIVE_UP_FAILURES):
+        s.settle()
+        s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
+        s.collect()
+        assert all(p.learner == "L1" for p in s.outbox.values()) and s.failures["L1"][0] == n
     s.settle()
-    s.node.acks[-1][2].set_exception(ConnectionError("gone"))
+    s.node.acks[-1][2].set_result(pack({"states": {"S/0": "pending", "S/1": "pending"}, "queue": 2, "free": 0}))
     s.collect()
-    assert s.outbox["S/2"].learner is None and "L1" in s.failures
+    assert s.failures["L1"][0] == 0, "an answer ends the run of failures"
+    for _ in range(GIVE_UP_FAILURES):
+        s.settle()
+        s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
+        s.collect()
+    assert all(p.learner is None for p in s.outbox.values()) and s.counts["send/resend"] == 2
+
+
+def test_a_failed_learner_look_up_does_not_forget_the_learners():
+    s = fake_sampler(0)
+    s.node.dht_errors, known = 0, s.learners
+    s.node.refresh_trust = s.node.announce = lambda *a: None
+    s.node.peers = lambda role: (setattr(s.node, "dht_errors", s.node.dht_errors + 1), [])[1]  # the get failed
+    s.core.version, s.cfg.net.run_id, s.node.peer_id = 0, "test", "S"
+    s.heartbeat()
+    assert s.learners == known
+    s.node.peers = lambda role: []  # a look-up that worked and found none: they are gone
+    s.heartbeat()
+    assert s.learners == []
 
 
 def test_a_reply_naming_a_newer_version_wakes_the_look_up_only_when_we_would_load_it():
