@@ -604,7 +604,7 @@ class Learner:
                 return
         with self.lock:
             queue, free = len(self.buffer), self.room(peer)
-        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, "version": self.core.version}
+        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, **self.policy_hint()}
         await write_frame(writer, pack({**reply, "error": error} if error else reply))
 
     async def on_acks(self, peer: str, reader, writer) -> None:
@@ -620,7 +620,13 @@ class Learner:
         with self.lock:
             states = self.ledger.states_of(ids)
             queue, free = len(self.buffer), self.room(peer)
-        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, "version": self.core.version}))
+        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, **self.policy_hint()}))
+
+    def policy_hint(self) -> dict:
+        """``{"policy": record}``: the newest version this learner published, as in the DHT, for the samplers that
+        send to it (a far sampler then skips the DHT look-up of the newest version)."""
+        latest = self.latest
+        return {"policy": latest.encode()} if latest is not None else {}
 
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,

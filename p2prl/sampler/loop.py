@@ -7,7 +7,8 @@ in flight per learner, while the next batch is generated. A background thread do
 costs round trips, so that a sampler far from the swarm keeps generating meanwhile: the
 heartbeat, and looking up and fetching a newer policy version when the sync delay allows
 (from another sampler when one holds it, hash-verified), every ``net.poll_s`` or as soon as
-a learner's reply names a version newer than the one held.
+a learner's reply names a version newer than the one held (its policy record, which saves the
+far sampler a DHT look-up; a learner ``FAR_RTT_S`` away serves that version itself).
 A group stays in the outbox until a learner reports it trained, dropped or rejected; if
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
 learner when there is one). In a run with an authority (``swarm/authority.py``) it waits
@@ -49,6 +50,7 @@ from p2prl.tasks import make_task
 log = logging.getLogger("p2prl.sampler.core")
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it names from it, no holders look-up
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
@@ -120,15 +122,17 @@ class Sampler:
         self.acking: list[AcksRequest] = []
         self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the background thread, to load
         self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
+        self.hint: tuple[str, PolicyRecord] | None = None  # (learner, the newest record it named in a reply)
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
-    def fetch(self, publisher: str, rec: PolicyRecord) -> bytearray | None:
+    def fetch(self, publisher: str, rec: PolicyRecord, direct: bool = False) -> bytearray | None:
         """Weights of ``rec`` from its holders (byte ranges from up to ``flow.fetch_parallel`` of them at
         once), verified against its sha256. Other samplers serve when any holds the version: the
         publisher only serves the first fetches of a version, and takes over a range another holder
-        leaves, so that ranges never add to the learner's upload."""
-        others = [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
+        leaves, so that ranges never add to the learner's upload. ``direct``: from the publisher alone,
+        without looking the holders up."""
+        others = [] if direct else [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
         random.shuffle(others)
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
@@ -148,10 +152,12 @@ class Sampler:
             self.counts["weights/fetched_in_ranges"] += 1
         return got.blob
 
-    def fetch_latest(self) -> tuple[str, PolicyRecord, bytearray] | None:
+    def fetch_latest(self, hint: tuple[str, PolicyRecord] | None = None) -> tuple[str, PolicyRecord, bytearray] | None:
         """(publisher, record, weights) of the newest published version when it is newer than ours and the
-        sync delay lets us load it, fetched and verified, and served to other samplers from then on; else None."""
-        latest = self.node.latest_policy()
+        sync delay lets us load it, fetched and verified, and served to other samplers from then on; else None.
+        ``hint``: a learner's record from its reply, taken instead of the DHT's newest (one look-up less); a
+        learner ``FAR_RTT_S`` or more away serves it itself (the holders look-up would cost more round trips)."""
+        latest = hint or self.node.latest_policy()
         if latest is None:
             return None
         publisher, rec = latest
@@ -159,7 +165,7 @@ class Sampler:
             return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
             return None
-        blob = self.fetch(publisher, rec)
+        blob = self.fetch(publisher, rec, direct=hint is not None and self.rtt.get(publisher, 0.0) >= FAR_RTT_S)
         if blob is None:
             return None
         if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
@@ -187,7 +193,7 @@ class Sampler:
     def background(self, stop: threading.Event) -> None:
         """The heartbeat and policy look-ups, off the generating path: a version fetched here waits in
         ``self.fetched`` until the loop loads it between rollouts. Runs every ``net.poll_s``, or sooner
-        (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than ours."""
+        (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than ours (``note_policy``)."""
         last_beat = time.time()  # run() announced us just before
         while not stop.is_set():
             if self.wake.wait(self.cfg.net.poll_s):
@@ -196,18 +202,26 @@ class Sampler:
                 if time.time() - last_beat > self.cfg.net.heartbeat_s or not self.learners:
                     self.heartbeat()
                     last_beat = time.time()
+                hint, self.hint = self.hint, None
                 if self.fetched is None:
-                    self.fetched = self.fetch_latest()
+                    self.fetched = self.fetch_latest(hint)
             except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
                 if not stop.is_set():
                     log.warning("background sync: %s: %s", type(e).__name__, e)
             stop.wait(MIN_LOOKUP_S)
 
-    def note_version(self, version) -> None:
-        """A learner's reply named its version: wake the background look-up when it is one we would load."""
-        if (isinstance(version, int) and version > self.core.version and version >= self.next_sync
-                and self.fetched is None):
-            self.wake.set()
+    def note_policy(self, learner: str, raw) -> None:
+        """A learner's reply named its newest record: wake the background look-up when it is a version we
+        would load. Checked as a record from the DHT is (schema; with a run authority, its signature)."""
+        rec = PolicyRecord.decode(raw)
+        if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
+                or self.fetched is not None):
+            return
+        if not self.node.trust.policy_ok(learner, rec):
+            self.node.trust.reject("policy_record", learner)
+            return
+        self.hint = learner, rec
+        self.wake.set()
 
     # ---- rollouts ----------------------------------------------------------------------------
     def _failed(self, learner: str, what: str, e: Exception) -> None:
@@ -324,7 +338,7 @@ class Sampler:
             rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
             self.rtt[b.learner] = 0.8 * self.rtt[b.learner] + 0.2 * rtt if b.learner in self.rtt else rtt
             self.queues[b.learner], self.free[b.learner] = reply["queue"], reply["free"]
-            self.note_version(reply.get("version"))
+            self.note_policy(b.learner, reply.get("policy"))
             for p, (status, reason) in zip(groups, results):
                 self.on_result(p, b.learner, status, reason)
             if any(status == "busy" for status, _ in results):  # sent again once an acks reply says there is room
@@ -367,7 +381,7 @@ class Sampler:
         self.queues[learner] = reply["queue"]
         if isinstance(reply.get("free"), int):
             self.free[learner] = reply["free"]
-        self.note_version(reply.get("version"))
+        self.note_policy(learner, reply.get("policy"))
         return reply["states"]
 
     def apply_states(self, learner: str, ids: list[str], states: dict) -> None:

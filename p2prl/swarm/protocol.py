@@ -1,13 +1,14 @@
 """Stream protocols between peers and the state behind them.
 
 ``rollouts`` sampler -> learner: a batch of encoded ``RolloutGroup`` records (``encode_batch``); reply
-             ``{"results": [[status, reason], ...], "queue", "free", "version"}``, one result per record in
+             ``{"results": [[status, reason], ...], "queue", "free", "policy"}``, one result per record in
              order, status ``accepted`` / ``duplicate`` / ``busy`` / ``rejected``; ``free``: groups this
-             sampler may still send before it is answered ``busy``; ``version``: the learner's policy version. A batch that does not parse is answered
+             sampler may still send before it is answered ``busy``; ``policy``: the learner's newest
+             published ``PolicyRecord`` (encoded; absent before its first). A batch that does not parse is answered
              ``{"error": reason, "results": [], "queue", "free"}``.
 ``rollout``  (kept for samplers before protocol 5) one record; reply ``{"status", "reason", "queue"}``.
 ``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue", "free",
-             "version"}``,
+             "policy"}``,
              state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
 ``weights``  anyone -> holder: ``{"version", "sha256"}``, optionally ``"offset"`` and ``"length"`` (a byte
              range of the blob, protocol 5); reply one status byte (``0`` ok, ``1`` busy, ``2`` missing)

@@ -13,7 +13,8 @@ import pytest
 from p2prl.config import load_config
 from p2prl.learner.loop import ACTIVE_SENDER_S, Learner
 from p2prl.sampler.loop import GIVE_UP_FAILURES, Pending, Sampler
-from p2prl.swarm.dht import new_record
+from p2prl.swarm.authority import Trust
+from p2prl.swarm.dht import PolicyRecord, new_record
 from p2prl.swarm.node import Refused
 from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_bounds,
                                   queue_room, send_window, unpack_map)
@@ -101,7 +102,7 @@ def fake_learner(waiting, others=0, **overrides):
                           batch_limit=1 << 16, senders={}, membership=SimpleNamespace(others=["L"] * others),
                           reputation=SimpleNamespace(rejected=[], reject=lambda p, r: lrn.reputation.rejected.append(r)),
                           admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"),
-                          core=SimpleNamespace(version=3))
+                          latest=None)
 
     def admit(data, peer):
         if data == b"bad":
@@ -110,7 +111,7 @@ def fake_learner(waiting, others=0, **overrides):
         return "accepted", ""
 
     lrn.admit = admit
-    for name in ("queue_bounds", "room", "admit_batch"):
+    for name in ("queue_bounds", "room", "admit_batch", "policy_hint"):
         setattr(lrn, name, getattr(Learner, name).__get__(lrn))
     return lrn
 
@@ -157,7 +158,7 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
     raw = encode_batch([b"g1", b"bad", b"g2", b"g3"])
     reply = run_rollouts(lrn, raw, "s")
     assert reply == {"results": [["accepted", ""], ["rejected", "malformed"], ["accepted", ""], ["busy", "queue_full"]],
-                     "queue": 8, "free": 0, "version": 3}
+                     "queue": 8, "free": 0}
     assert lrn.bytes_in == len(raw)
     assert run_rollouts(lrn, b"\x00\x00\x00\x02garbage", "s")["error"] == "truncated"
     assert run_rollouts(lrn, encode_batch([b"x"] * 5), "s")["error"] == "batch_size"
@@ -166,6 +167,8 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
     assert lrn.counts["rejected/batch_truncated"] == 1 and lrn.counts["rejected/batch_batch_size"] == 1
     assert lrn.counts["rejected/batch_oversized"] == 1
     assert lrn.reputation.rejected == ["batch_truncated", "batch_batch_size", "batch_oversized"]
+    lrn.latest = PolicyRecord(version=3, sha256="ab" * 32, size=10)  # once it published: its newest record too
+    assert PolicyRecord.decode(run_rollouts(lrn, encode_batch([b"g4"]), "s")["policy"]) == lrn.latest
     lrn.admission.shutdown()
 
 
@@ -173,6 +176,7 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
 class FakeNode:
     def __init__(self):
         self.sent: list[tuple[str, bytes, Future]] = []
+        self.trust, self.peer_id = Trust("", "test"), "S"
 
     def submit(self, peer, name, payload, max_reply, timeout_s=None):
         f = Future()
@@ -199,7 +203,7 @@ def fake_sampler(n_groups: int, **flow) -> Sampler:
     s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
     s.outbox = {f"S/{i}": Pending(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode(), None) for i in range(n_groups)}
     s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight, s.acking = Counter(), {}, {}, {}, {}, [], []
-    s.throughput, s.next_sync, s.fetched, s.wake, s.ack_log = 0.0, 0, None, threading.Event(), None
+    s.throughput, s.next_sync, s.fetched, s.wake, s.ack_log, s.hint = 0.0, 0, None, threading.Event(), None, None
     s.core = SimpleNamespace(version=2)
     return s
 
@@ -287,7 +291,7 @@ def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
     assert len(s.node.acks) == 1, "one request per learner in flight"
     s.outbox["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
     fut.set_result(pack({"states": {"S/0": "trained", "S/1": "unknown", "S/2": "pending", "S/3": "trained"},
-                         "queue": 3, "free": 5, "version": 2}))
+                         "queue": 3, "free": 5, "policy": policy(2)}))
     s.collect()
     assert sorted(s.outbox) == ["S/1", "S/2", "S/3"] and s.counts["acked/trained"] == 1
     assert s.outbox["S/1"].learner is None and s.counts["send/resend"] == 1 and s.outbox["S/2"].learner == "L1"
@@ -331,28 +335,59 @@ def test_a_failed_learner_look_up_does_not_forget_the_learners():
     assert s.learners == []
 
 
+def policy(version: int) -> bytes:
+    return PolicyRecord(version=version, sha256="cd" * 32, size=10).encode()
+
+
 def test_a_reply_naming_a_newer_version_wakes_the_look_up_only_when_we_would_load_it():
-    s = fake_sampler(0)
-    s.note_version(2)
+    s = fake_sampler(0)  # holds version 2
+    s.note_policy("L1", policy(2))
     assert not s.wake.is_set()
     s.next_sync = 6  # the sync delay holds us at version 2 until version 6
-    s.note_version(5)
+    s.note_policy("L1", policy(5))
     assert not s.wake.is_set()
     s.fetched = ("L1", None, bytearray())  # one fetched already waits to be loaded
-    s.note_version(6)
+    s.note_policy("L1", policy(6))
     assert not s.wake.is_set()
     s.fetched = None
-    s.note_version("6")
-    assert not s.wake.is_set()
-    s.note_version(6)
-    assert s.wake.is_set()
+    for junk in (None, 6, b"\x92garbage", PolicyRecord(version=6, sha256="cd" * 32, size=10).model_dump()):
+        s.note_policy("L1", junk)
+    assert not s.wake.is_set() and s.hint is None
+    s.note_policy("L1", policy(6))
+    assert s.wake.is_set() and s.hint == ("L1", PolicyRecord.decode(policy(6)))
+
+
+def test_a_record_a_learner_names_is_checked_as_one_from_the_dht():
+    s = fake_sampler(0)
+    s.node.trust = Trust("a" * 52, "test")  # a run with an authority: records must be signed by authorized learners
+    s.note_policy("L1", policy(6))
+    assert s.hint is None and not s.wake.is_set() and s.node.trust.counts["untrusted/policy_record"] == 1
+
+
+def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(monkeypatch):
+    s = fake_sampler(0)
+    s.cfg = load_config(None, ["net.client_mode=true"])  # serves nobody: nothing to announce
+    rec = PolicyRecord.decode(policy(6))
+    calls, fetched_from = [], []
+    s.node.latest_policy = lambda: calls.append("latest") or ("L2", rec)
+    s.node.holders = lambda r: calls.append("holders") or ["S2"]
+    monkeypatch.setattr("p2prl.sampler.loop.fetch_weights", lambda node, holders, r, parallel: fetched_from.append(
+        list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1]))
+    s.rtt["L1"] = 1.5  # far
+    assert s.fetch_latest(("L1", rec))[:2] == ("L1", rec)
+    assert calls == [] and fetched_from == [["L1"]]
+    s.rtt["L1"] = 0.05  # near: holders looked up (samplers serve it first)
+    s.fetch_latest(("L1", rec))
+    assert calls == ["holders"] and fetched_from[-1] == ["S2", "L1"]
+    s.fetch_latest()  # no hint: the DHT's newest
+    assert calls == ["holders", "latest", "holders"] and fetched_from[-1] == ["S2", "L2"]
 
 
 def test_the_background_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one():
     s = fake_sampler(0)
     s.cfg = load_config(None, ["net.poll_s=30", "net.heartbeat_s=60"])  # only a wake makes it look up again soon
     looked, beats = [], []
-    s.fetch_latest = lambda: looked.append(time.monotonic()) or ("L1", SimpleNamespace(version=len(looked)), b"w")
+    s.fetch_latest = lambda hint=None: looked.append(time.monotonic()) or ("L1", SimpleNamespace(version=len(looked)), b"w")
     s.heartbeat = lambda: beats.append(1)
     stop = threading.Event()
     t = threading.Thread(target=s.background, args=(stop,))
