@@ -1,14 +1,14 @@
 """``p2prl join --role sampler``: generate groups with the version held, stream them to learners.
 
-The loop reads top to bottom: load the policy version the background thread fetched, if
-any; settle acknowledgements (``acks`` requests in flight, not waited for); generate one
-batch of groups; send them to learners in batches (``rollouts``), at most one send window
-in flight per learner, while the next batch is generated. A background thread does what
-costs round trips, so that a sampler far from the swarm keeps generating meanwhile: the
+The loop reads top to bottom: load the policy version the sync thread fetched, if any;
+settle acknowledgements (``acks`` requests in flight, not waited for); generate one batch
+of groups; send them to learners in batches (``rollouts``), at most one send window in
+flight per learner, while the next batch is generated. What costs round trips runs in two
+threads of its own, so that a sampler far from the swarm keeps generating meanwhile: the
 heartbeat, and looking up and fetching a newer policy version when the sync delay allows
 (from another sampler when one holds it, hash-verified), every ``net.poll_s`` or as soon as
-a learner's reply names a version newer than the one held (its policy record, which saves the
-far sampler a DHT look-up; a learner ``FAR_RTT_S`` away serves that version itself).
+a learner's reply names a version newer than the one held (its policy record, which saves
+the DHT look-up; a learner ``FAR_RTT_S`` away serves that version itself).
 A group stays in the outbox until a learner reports it trained, dropped or rejected; if
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
 learner when there is one). In a run with an authority (``swarm/authority.py``) it waits
@@ -120,7 +120,7 @@ class Sampler:
         self.rtt: dict[str, float] = {}  # learner -> smoothed seconds from sending a batch to its reply
         self.in_flight: list[Batch] = []
         self.acking: list[AcksRequest] = []
-        self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the background thread, to load
+        self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the sync thread, to load
         self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
         self.hint: tuple[str, PolicyRecord] | None = None  # (learner, the newest record it named in a reply)
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
@@ -154,9 +154,9 @@ class Sampler:
 
     def fetch_latest(self, hint: tuple[str, PolicyRecord] | None = None) -> tuple[str, PolicyRecord, bytearray] | None:
         """(publisher, record, weights) of the newest published version when it is newer than ours and the
-        sync delay lets us load it, fetched and verified, and served to other samplers from then on; else None.
-        ``hint``: a learner's record from its reply, taken instead of the DHT's newest (one look-up less); a
-        learner ``FAR_RTT_S`` or more away serves it itself (the holders look-up would cost more round trips)."""
+        sync delay lets us load it, fetched and verified; else None. ``hint``: a learner's record from its
+        reply, taken instead of the DHT's newest (one look-up less); a learner ``FAR_RTT_S`` or more away
+        serves it itself (the holders look-up would cost more round trips)."""
         latest = hint or self.node.latest_policy()
         if latest is None:
             return None
@@ -166,12 +166,13 @@ class Sampler:
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
             return None
         blob = self.fetch(publisher, rec, direct=hint is not None and self.rtt.get(publisher, 0.0) >= FAR_RTT_S)
-        if blob is None:
-            return None
+        return None if blob is None else (publisher, rec, blob)
+
+    def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
+        """Serve a fetched (verified) version to other samplers and announce it in the DHT."""
         if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
             self.store.add(rec.version, rec.sha256, blob)
             self.node.announce_holder(rec)
-        return publisher, rec, blob
 
     def load(self, publisher: str, rec: PolicyRecord, blob: bytearray) -> None:
         """Load fetched weights into the generator; the next version we take is drawn from the sync delay."""
@@ -185,33 +186,43 @@ class Sampler:
         log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
 
     def maybe_sync(self) -> None:
-        """Look up, fetch and load a newer version now (before the loop starts; the loop does it in the background)."""
+        """Look up, fetch, load and serve a newer version now (before the loop starts; the loop's is ``policy_sync``)."""
         got = self.fetch_latest()
         if got is not None:
             self.load(*got)
+            self.serve_version(*got[1:])
 
-    def background(self, stop: threading.Event) -> None:
-        """The heartbeat and policy look-ups, off the generating path: a version fetched here waits in
-        ``self.fetched`` until the loop loads it between rollouts. Runs every ``net.poll_s``, or sooner
-        (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than ours (``note_policy``)."""
-        last_beat = time.time()  # run() announced us just before
+    def policy_sync(self, stop: threading.Event) -> None:
+        """Policy look-ups and fetches, off the generating path (own thread): a version fetched here waits in
+        ``self.fetched`` until the loop loads it between rollouts, and is served meanwhile. Runs every
+        ``net.poll_s``, or sooner (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than
+        ours (``note_policy``)."""
         while not stop.is_set():
             if self.wake.wait(self.cfg.net.poll_s):
                 self.wake.clear()
-            try:
-                if time.time() - last_beat > self.cfg.net.heartbeat_s or not self.learners:
-                    self.heartbeat()
-                    last_beat = time.time()
-                hint, self.hint = self.hint, None
-                if self.fetched is None:
-                    self.fetched = self.fetch_latest(hint)
-            except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
-                if not stop.is_set():
-                    log.warning("background sync: %s: %s", type(e).__name__, e)
+            hint, self.hint = self.hint, None
+            if self.fetched is None:
+                try:
+                    self.fetched = got = self.fetch_latest(hint)
+                    if got is not None:
+                        self.serve_version(*got[1:])
+                except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
+                    if not stop.is_set():
+                        log.warning("policy sync: %s: %s", type(e).__name__, e)
             stop.wait(MIN_LOOKUP_S)
 
+    def heartbeats(self, stop: threading.Event) -> None:
+        """The heartbeat (own thread, so that a far sampler's slow DHT stores never hold up a fetch): every
+        ``net.heartbeat_s``, every ``net.poll_s`` while no learner is known."""
+        while not stop.wait(self.cfg.net.poll_s if not self.learners else self.cfg.net.heartbeat_s):
+            try:
+                self.heartbeat()
+            except Exception as e:
+                if not stop.is_set():
+                    log.warning("heartbeat: %s: %s", type(e).__name__, e)
+
     def note_policy(self, learner: str, raw) -> None:
-        """A learner's reply named its newest record: wake the background look-up when it is a version we
+        """A learner's reply named its newest record: wake the sync thread when it is a version we
         would load. Checked as a record from the DHT is (schema; with a run authority, its signature)."""
         rec = PolicyRecord.decode(raw)
         if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
@@ -481,11 +492,13 @@ class Sampler:
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
-        sync = threading.Thread(target=self.background, args=(stop,), name="p2prl-sampler-sync", daemon=True)
-        sync.start()
+        threads = [threading.Thread(target=target, args=(stop,), name=f"p2prl-sampler-{name}", daemon=True)
+                   for name, target in (("sync", self.policy_sync), ("heartbeat", self.heartbeats))]
+        for t in threads:
+            t.start()
         last_poll = 0.0
         while not stop.is_set():
-            if self.fetched is not None:  # a newer version, fetched in the background: load it between rollouts
+            if self.fetched is not None:  # a newer version, fetched by the sync thread: load it between rollouts
                 self.load(*self.fetched)
                 self.fetched = None
             self.collect()
@@ -507,7 +520,8 @@ class Sampler:
                 self.outbox[g.group_id] = Pending(g, encode_group(g), None)
             self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
-        sync.join(timeout=self.cfg.net.rpc_timeout_s + 1)
+        for t in threads:
+            t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
 
     def prometheus(self) -> list:
         """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""

@@ -383,29 +383,47 @@ def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(mon
     assert calls == ["holders", "latest", "holders"] and fetched_from[-1] == ["S2", "L2"]
 
 
-def test_the_background_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one():
+def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one():
     s = fake_sampler(0)
-    s.cfg = load_config(None, ["net.poll_s=30", "net.heartbeat_s=60"])  # only a wake makes it look up again soon
-    looked, beats = [], []
-    s.fetch_latest = lambda hint=None: looked.append(time.monotonic()) or ("L1", SimpleNamespace(version=len(looked)), b"w")
-    s.heartbeat = lambda: beats.append(1)
+    s.cfg = load_config(None, ["net.poll_s=30", "net.client_mode=true"])  # only a wake makes it look up again soon
+    looked = []
+    s.fetch_latest = lambda hint=None: looked.append(hint) or ("L1", SimpleNamespace(version=len(looked)), b"w")
     stop = threading.Event()
-    t = threading.Thread(target=s.background, args=(stop,))
+    t = threading.Thread(target=s.policy_sync, args=(stop,))
     t.start()
     try:
+        s.hint = ("L1", "record")
         s.wake.set()
         assert wait_for(lambda: s.fetched is not None, 5)
-        assert s.fetched[1].version == 1 and not beats, "learners known and the heartbeat not due: no heartbeat"
+        assert s.fetched[1].version == 1 and looked == [("L1", "record")] and s.hint is None
         s.wake.set()  # a fetched version waits to be loaded: no second look-up meanwhile
         time.sleep(0.3)
         assert len(looked) == 1
         s.fetched = None  # the loop loaded it
         s.wake.set()
-        assert wait_for(lambda: s.fetched is not None, 5) and s.fetched[1].version == 2
-        s.learners = []  # no learner known: the heartbeat (which lists them) runs on every pass
-        s.fetched = None
-        s.wake.set()
-        assert wait_for(lambda: beats, 5)
+        assert wait_for(lambda: s.fetched is not None, 5) and s.fetched[1].version == 2 and looked[1] is None
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+def test_heartbeats_run_in_their_own_thread_every_poll_while_no_learner_is_known():
+    s = fake_sampler(0)
+    s.cfg = load_config(None, ["net.poll_s=0.05", "net.heartbeat_s=30"])
+    beats = []
+    s.heartbeat = lambda: beats.append(time.monotonic())
+    stop = threading.Event()
+    t = threading.Thread(target=s.heartbeats, args=(stop,))
+    s.learners = []
+    t.start()
+    try:
+        assert wait_for(lambda: len(beats) >= 3, 5), "no learner known: a heartbeat (which lists them) every poll"
+        s.learners = [object()]
+        time.sleep(0.2)  # the pass under way ends; the next is heartbeat_s away
+        n = len(beats)
+        time.sleep(0.3)
+        assert len(beats) == n
     finally:
         stop.set()
         t.join(5)
