@@ -21,6 +21,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import logging
+import math
 import random
 import secrets
 import threading
@@ -123,6 +124,7 @@ class Sampler:
         self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the sync thread, to load
         self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
         self.hint: tuple[str, PolicyRecord] | None = None  # (learner, the newest record it named in a reply)
+        self.heard_at = -math.inf  # when a learner's reply last carried its newest record
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
 
     # ---- weights ---------------------------------------------------------------------------
@@ -196,12 +198,14 @@ class Sampler:
         """Policy look-ups and fetches, off the generating path (own thread): a version fetched here waits in
         ``self.fetched`` until the loop loads it between rollouts, and is served meanwhile. Runs every
         ``net.poll_s``, or sooner (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than
-        ours (``note_policy``)."""
+        ours (``note_policy``). While learners' replies keep naming their newest records, there is no DHT
+        look-up: it would only cost a far sampler round trips before the next hint."""
         while not stop.is_set():
             if self.wake.wait(self.cfg.net.poll_s):
                 self.wake.clear()
             hint, self.hint = self.hint, None
-            if self.fetched is None:
+            informed = time.monotonic() - self.heard_at < 2 * self.cfg.net.poll_s
+            if self.fetched is None and (hint is not None or not informed):
                 try:
                     self.fetched = got = self.fetch_latest(hint)
                     if got is not None:
@@ -225,6 +229,8 @@ class Sampler:
         """A learner's reply named its newest record: wake the sync thread when it is a version we
         would load. Checked as a record from the DHT is (schema; with a run authority, its signature)."""
         rec = PolicyRecord.decode(raw)
+        if rec is not None:
+            self.heard_at = time.monotonic()
         if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
                 or self.fetched is not None):
             return
@@ -520,6 +526,7 @@ class Sampler:
                 self.outbox[g.group_id] = Pending(g, encode_group(g), None)
             self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
+        self.wake.set()  # the sync thread waits for it, or for net.poll_s
         for t in threads:
             t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
 

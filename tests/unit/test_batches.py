@@ -1,6 +1,7 @@
 """The batched ``rollouts`` stream: codec bounds, the learner's queue bounds, the sampler's send window."""
 
 import asyncio
+import math
 import threading
 import time
 from collections import Counter
@@ -204,6 +205,7 @@ def fake_sampler(n_groups: int, **flow) -> Sampler:
     s.outbox = {f"S/{i}": Pending(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode(), None) for i in range(n_groups)}
     s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight, s.acking = Counter(), {}, {}, {}, {}, [], []
     s.throughput, s.next_sync, s.fetched, s.wake, s.ack_log, s.hint = 0.0, 0, None, threading.Event(), None, None
+    s.heard_at = -math.inf
     s.core = SimpleNamespace(version=2)
     return s
 
@@ -402,8 +404,14 @@ def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one(
         s.fetched = None  # the loop loaded it
         s.wake.set()
         assert wait_for(lambda: s.fetched is not None, 5) and s.fetched[1].version == 2 and looked[1] is None
+        s.note_policy("L1", policy(1))  # learners' replies name their newest records: no DHT look-ups
+        s.fetched = None
+        s.wake.set()
+        time.sleep(0.3)
+        assert len(looked) == 2
     finally:
         stop.set()
+        s.wake.set()  # as the loop does when it stops
         t.join(5)
     assert not t.is_alive()
 
