@@ -204,7 +204,8 @@ class Sampler:
             if self.wake.wait(self.cfg.net.poll_s):
                 self.wake.clear()
             hint, self.hint = self.hint, None
-            informed = time.monotonic() - self.heard_at < 2 * self.cfg.net.poll_s
+            # informed: a reply came within two polls or two round trips to our slowest learner
+            informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtt.values()])
             if self.fetched is None and (hint is not None or not informed):
                 try:
                     self.fetched = got = self.fetch_latest(hint)
