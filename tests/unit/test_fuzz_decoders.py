@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from p2prl.config import TrustConfig
 from p2prl.learner.loop import Learner
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
+from p2prl.sampler.loop import Sampler
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
 from p2prl.swarm.membership import Membership
@@ -124,7 +125,8 @@ def fake_learner() -> SimpleNamespace:
                               reputation=Reputation(TrustConfig(ban_threshold=10**6)),
                               spot=SimpleNamespace(wants=lambda gid: False), room=lambda peer: 4, bytes_in=0,
                               batch_limit=1 << 18, cfg=SimpleNamespace(flow=SimpleNamespace(max_batch_groups=4)),
-                              senders={})
+                              senders={}, latest=PolicyRecord(version=2, sha256="ab" * 32, size=10))
+    learner.policy_hint = Learner.policy_hint.__get__(learner)
     learner.admit = Learner.admit.__get__(learner)
     learner.admit_batch = Learner.admit_batch.__get__(learner)
     return learner
@@ -161,7 +163,7 @@ def test_fuzz_acks_request(raw):
         assert learner.counts == Counter({"rejected/bad_ack_request": 1}) and w.data == b""
         assert learner.reputation.peers[PEER].reasons == Counter({"bad_ack_request": 1})
         return
-    assert set(w.reply()) == {"states", "queue", "free"} and not learner.counts
+    assert set(w.reply()) == {"states", "queue", "free", "policy"} and not learner.counts
 
 
 # ---- rollouts: a batch of records, each admitted exactly as one ``rollout`` record would be ----
@@ -194,13 +196,23 @@ def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
 
 
 @FUZZ
-@given(st.one_of(st.binary(max_size=512), VALUES.map(lambda v: pack({"states": v, "queue": 0}))))
+@given(st.one_of(st.binary(max_size=512), st.tuples(VALUES, VALUES, VALUES).map(
+    lambda v: pack({"states": v[0], "queue": 0, "free": v[1], "policy": v[2]})),
+    st.binary(max_size=300).map(lambda b: pack({"states": {}, "queue": 0, "policy": b}))))
 def test_fuzz_acks_reply(raw):
+    # the sampler's side: a hostile learner's reply is a ValueError or states, and its "policy" field a
+    # record that wakes the sync thread only when it is valid and newer than the version held
+    s = object.__new__(Sampler)
+    s.queues, s.free, s.failures, s.rtt, s.hint, s.fetched, s.next_sync = {}, {}, {}, {}, None, None, 0
+    s.core, s.node, s.wake = SimpleNamespace(version=5), SimpleNamespace(trust=Trust("", "run")), threading.Event()
     try:
-        got = unpack_map(raw, {"states": dict})
+        states = s.acks_reply("L", raw)
     except ValueError:
         return
-    assert isinstance(got["states"], dict)
+    assert isinstance(states, dict)
+    rec = PolicyRecord.decode(msgpack.unpackb(raw, raw=False).get("policy"))
+    assert s.wake.is_set() == (rec is not None and rec.version > 5)
+    assert s.hint == (("L", rec) if s.wake.is_set() else None)
 
 
 # ---- hello: the reply, as a learner's membership handles it ----
