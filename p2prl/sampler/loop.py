@@ -188,7 +188,7 @@ class Sampler:
         log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
 
     def maybe_sync(self) -> None:
-        """Look up, fetch, load and serve a newer version now (before the loop starts; the loop's is ``policy_sync``)."""
+        """Look up, fetch, load and serve a newer version now (before the loop starts; then ``policy_sync``)."""
         got = self.fetch_latest()
         if got is not None:
             self.load(*got)
@@ -204,16 +204,16 @@ class Sampler:
             if self.wake.wait(self.cfg.net.poll_s):
                 self.wake.clear()
             hint, self.hint = self.hint, None
-            # informed: a reply came within two polls or two round trips to our slowest learner
-            informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtt.values()])
-            if self.fetched is None and (hint is not None or not informed):
-                try:
+            try:
+                # informed: a reply came within two polls or two round trips to our slowest learner
+                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *list(self.rtt.values())])
+                if self.fetched is None and (hint is not None or not informed):
                     self.fetched = got = self.fetch_latest(hint)
                     if got is not None:
                         self.serve_version(*got[1:])
-                except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
-                    if not stop.is_set():
-                        log.warning("policy sync: %s: %s", type(e).__name__, e)
+            except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
+                if not stop.is_set():
+                    log.warning("policy sync: %s: %s", type(e).__name__, e)
             stop.wait(MIN_LOOKUP_S)
 
     def heartbeats(self, stop: threading.Event) -> None:
