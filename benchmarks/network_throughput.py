@@ -80,8 +80,8 @@ def run_cell(path: str, rtt: int, repeat: int, overrides: list[str], before: str
         s = {**run.summaries[0], "reused": run.skipped > 0}
     times = [r["time"] for r in read_jsonl(out / "cells" / s["cell"] / "learner" / "metrics.jsonl") if "step" in r]
     # training time: first step to last, scaled to every step (the wait for the samplers left out)
-    return {**s, "train_s": (times[-1] - times[0]) * len(times) / max(1, len(times) - 1),
-            "step_s": (times[-1] - times[0]) / max(1, len(times) - 1)}
+    step_s = (times[-1] - times[0]) / max(1, len(times) - 1)
+    return {**s, "step_s": step_s, "train_s": step_s * len(times)}
 
 
 def per_minute(s: dict) -> list[dict]:

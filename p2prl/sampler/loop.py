@@ -206,7 +206,7 @@ class Sampler:
             hint, self.hint = self.hint, None
             try:
                 # informed: a reply came within two polls or two round trips to our slowest learner
-                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *list(self.rtt.values())])
+                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtt.values()])
                 if self.fetched is None and (hint is not None or not informed):
                     self.fetched = got = self.fetch_latest(hint)
                     if got is not None:
@@ -391,8 +391,8 @@ class Sampler:
         return self.acks_reply(learner, self.node.request(learner, "acks", pack({"ids": ids}), MAX_CONTROL_BYTES))
 
     def acks_reply(self, learner: str, raw: bytes) -> dict:
-        """The states of an ``acks`` reply; its queue length, the room it has for our groups and its version
-        are noted. Raises ValueError on a malformed reply."""
+        """The states of an ``acks`` reply; its queue length, the room it has for our groups and its newest
+        policy record are noted. Raises ValueError on a malformed reply."""
         reply = unpack_map(raw, {"states": dict, "queue": int})
         if learner in self.failures:  # it answers: no longer failing in a row (a back-off under way stays)
             self.failures[learner] = (0, self.failures[learner][1])
@@ -566,5 +566,4 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
         prom.stop_metrics(server)
         node.shutdown()
     return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), "dht_errors": node.dht_errors,
-            **sampler.counts,
-            **node.trust.counts}
+            **sampler.counts, **node.trust.counts}
