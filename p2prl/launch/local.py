@@ -3,9 +3,8 @@
 On Linux the peers are forks of this process, so that what they import (torch, hivemind,
 transformers and the model's modules: about 6 s of CPU a peer) is imported once, not once
 per peer (elsewhere each peer is a new interpreter): the bootstrap is forked once hivemind
-is imported, the first learner next (it imports the model's modules itself, on one core,
-while this process imports them on the other), the other peers once this process has
-imported them too. The peers join the DHT through the multiaddrs the bootstrap writes to
+is imported, the learners and samplers once this process has imported the model's modules
+too (while the bootstrap starts). The peers join the DHT through the multiaddrs the bootstrap writes to
 ``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
 and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
 this process stops every child before it exits, and every child gets SIGTERM from the
@@ -80,16 +79,16 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
                      *overrides]
         quiet = [] if progress else ["--no-progress"]
         (logs / "learner.log").unlink(missing_ok=True)
+        # the model's modules (transformers: seconds of CPU) once, here, while the bootstrap starts on the
+        # other core; then every peer is forked with them imported and only loads the weights
         import_module("p2prl.learner.loop")
-        # the learner first: it imports the model's modules and loads it on one core while this process
-        # imports them (p2prl.policy.model.preload) on the other, for the peers forked after it
-        learner = start("learner", [
-            "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
-            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"], log=False)
         import_module("p2prl.sampler.loop")
         from p2prl.policy.model import preload
 
         preload(cfg.model.path)
+        learner = start("learner", [
+            "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
+            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"], log=False)
         for i in range(1, n_learners):
             start(f"learner{i}", ["join", "--role", "learner", *common, "--no-progress",
                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])

@@ -177,13 +177,6 @@ class Learner:
         self.sync.serve()
         self.membership.serve()
         self.n_params = self.core.n_params  # the trainable ones
-        r = cfg.rounds
-        rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
-        self.rounds = GradientRounds(self.node.dht, key(cfg.net.run_id, "grads"), self.n_params,
-                                     target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s, rule=rule,
-                                     authorized=self.node.trust.authorized)
-        if rule is not None:
-            log.info("gradient rounds aggregate robustly: %s", rule.describe())
         if self.base_acc is None:
             self.base_acc = self.evaluate()
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
@@ -261,7 +254,7 @@ class Learner:
         if not others:
             return r
         try:
-            got = self.rounds.average(grad, r.weight, self.core.version, self.latest.sha256, tags, 1 + others)
+            got = self.gradient_rounds().average(grad, r.weight, self.core.version, self.latest.sha256, tags, 1 + others)
             self.bad_members(got.bad)
             r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
             return r
@@ -321,6 +314,19 @@ class Learner:
             self.reward = float(reward)
         self.log_metrics(v, r, batch)
 
+    def gradient_rounds(self) -> GradientRounds:
+        """This learner's side of the gradient rounds, started at the first round with another learner (its
+        averager is a process of its own: a lone learner, the local swarm's, never needs it)."""
+        if self.rounds is None:
+            r = self.cfg.rounds
+            rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
+            self.rounds = GradientRounds(self.node.dht, key(self.cfg.net.run_id, "grads"), self.n_params,
+                                         target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s,
+                                         rule=rule, authorized=self.node.trust.authorized)
+            if rule is not None:
+                log.info("gradient rounds aggregate robustly: %s", rule.describe())
+        return self.rounds
+
     def log_metrics(self, v: int, r: Round, batch: list[RolloutGroup]) -> None:
         m = r.metrics
         with self.lock:
@@ -330,7 +336,7 @@ class Learner:
         m.update(self.spot.metrics())
         m["round/learners"] = r.learners
         m["round/samples"] = r.weight
-        m["round/saturated"] = self.rounds.saturated
+        m["round/saturated"] = self.rounds.saturated if self.rounds else 0
         m["net/weights_bytes_served"] = self.store.bytes_served
         m["net/weights_uploads"] = self.store.uploads
         m["net/weights_bad_requests"] = self.store.bad_requests
@@ -422,7 +428,7 @@ class Learner:
         with self.lock:
             self.ledger.publish(v, sha)
         self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
-        self.node.publish_policy(self.latest)
+        self.node.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
         return sha
 
     def checkpoint(self) -> None:

@@ -55,7 +55,8 @@ FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
-START_POLL_CAP_S = 0.5  # longest pause between look-ups for the first policy (DHT look-ups are cheap; start-up counts)
+START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap; start-up counts)
+START_POLL_CAP_S = 0.5  # longest pause between them
 
 
 @dataclass
@@ -494,7 +495,7 @@ class Sampler:
             return self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs()
 
         wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
-                   cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s))
+                   cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
         check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()

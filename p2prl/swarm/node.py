@@ -133,7 +133,9 @@ class SwarmNode:
         self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
         self.limits: PeerLimits | None = None  # per-peer rate and concurrency limits on served streams
         self.reputation: Reputation | None = None  # banned peers' streams are refused
-        self._dht_lock = threading.Lock()
+        self._dht_lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
+        self._publish_lock = threading.Lock()
+        self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
         self.dht_errors = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
@@ -165,20 +167,34 @@ class SwarmNode:
                     raise TimeoutError(f"no answer within {timeout:.0f} s") from None
 
     # ---- DHT ----------------------------------------------------------------------------
-    def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
-        """Store with expiration; a failure is logged and counted, never raised."""
+    def _send_store(self, dht_key: str, subkey: str, value: bytes, ttl: float):
+        """Send a store with expiration; its future (``_settle``), or None when it could not be sent (counted)."""
         from hivemind.utils import get_dht_time
 
         if not self.dht.is_alive():
+            return None
+        try:
+            with self._dht_lock:  # the request only: other threads' requests go out while this one is answered
+                return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+        except Exception as e:
+            self.dht_errors += 1
+            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
+            return None
+
+    def _settle(self, dht_key: str, fut) -> bool:
+        """Wait for a store sent by ``_send_store``; a failure is logged and counted, never raised."""
+        if fut is None:
             return False
         try:
-            with self._dht_lock:
-                fut = self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
-                return bool(self._wait(fut, self.cfg.rpc_timeout_s))
+            return bool(self._wait(fut, self.cfg.rpc_timeout_s))
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
             return False
+
+    def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
+        """Store with expiration, waited for; a failure is logged and counted, never raised."""
+        return self._settle(dht_key, self._send_store(dht_key, subkey, value, ttl))
 
     def _get_dict(self, dht_key: str) -> dict[str, bytes]:
         """The subkey -> value map under ``dht_key``; empty when missing or on failure (logged)."""
@@ -186,7 +202,8 @@ class SwarmNode:
             return {}
         try:
             with self._dht_lock:
-                found = self._wait(self.dht.get(dht_key, latest=True, return_future=True), self.cfg.rpc_timeout_s)
+                fut = self.dht.get(dht_key, latest=True, return_future=True)
+            found = self._wait(fut, self.cfg.rpc_timeout_s)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
@@ -225,9 +242,21 @@ class SwarmNode:
                 out.append(rec)
         return out
 
-    def publish_policy(self, rec: PolicyRecord) -> None:
-        self._store(key(self.cfg.run_id, "policy"), self.peer_id, rec.encode(), self.ttl)
-        self.announce_holder(rec)
+    def publish_policy(self, rec: PolicyRecord, wait: bool = True) -> None:
+        """Announce ``rec`` as our newest version, and us as a holder of it. ``wait=False``: return once the
+        stores are sent, so that a learner's next step overlaps their round trips; those of the previous such
+        call are waited for first (one announcement in flight: a failure is still counted, and stores never
+        pile up behind a slow DHT)."""
+        value = rec.encode()
+        with self._publish_lock:
+            for dht_key, fut in self._publishing:
+                self._settle(dht_key, fut)
+            keys = [key(self.cfg.run_id, "policy"), key(self.cfg.run_id, "holders", str(rec.version))]
+            self._publishing = [(k, self._send_store(k, self.peer_id, value, self.ttl)) for k in keys]
+            if wait:
+                for dht_key, fut in self._publishing:
+                    self._settle(dht_key, fut)
+                self._publishing = []
 
     def announce_holder(self, rec: PolicyRecord) -> None:
         self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
@@ -371,10 +400,16 @@ class SwarmNode:
         return self.cfg.rpc_timeout_s + nbytes / 1e6
 
     def visible_maddrs(self) -> list[str]:
-        return [str(m) for m in self.dht.get_visible_maddrs()]
+        with self._dht_lock:  # a local request, answered at once
+            return [str(m) for m in self.dht.get_visible_maddrs()]
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
+        with self._publish_lock:
+            pending, self._publishing = self._publishing, []
+        if not self.stop.is_set():  # a run that ended: the last version it announced reaches the DHT
+            for dht_key, fut in pending:
+                self._settle(dht_key, fut)
 
         async def close():
             # streams cut by the daemon going away are expected now: keep them out of the user's terminal
@@ -399,8 +434,10 @@ def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:
     return min(cap, base * 2**attempt) * (0.5 + random.random() / 2)
 
 
-def wait_until(pred: Callable[[], object], what: str, log_: logging.Logger, stop: threading.Event, cap: float = 10.0):
-    """Retry ``pred`` with back-off until it returns something truthy; log once while waiting."""
+def wait_until(pred: Callable[[], object], what: str, log_: logging.Logger, stop: threading.Event, cap: float = 10.0,
+               base: float = 0.5):
+    """Retry ``pred`` with back-off (``backoff(attempt, base, cap)``) until it returns something truthy; log once
+    while waiting."""
     attempt = 0
     while not stop.is_set():
         got = pred()
@@ -408,6 +445,6 @@ def wait_until(pred: Callable[[], object], what: str, log_: logging.Logger, stop
             return got
         if attempt == 0:
             log_.info("waiting for %s (retrying with back-off)", what)
-        stop.wait(backoff(attempt, cap=cap))
+        stop.wait(backoff(attempt, base, cap))
         attempt += 1
     return None

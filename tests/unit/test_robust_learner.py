@@ -37,6 +37,7 @@ def learner(grad, answer):
         buffer=Buffer(), membership=SimpleNamespace(others=["other"]), rounds=Rounds(answer), missed=0,
         latest=SimpleNamespace(sha256="ab" * 32))
     ln.bad_members = lambda bad: Learner.bad_members(ln, bad)
+    ln.gradient_rounds = lambda: ln.rounds
     return ln, [group]
 
 

@@ -1,0 +1,30 @@
+"""A learner announces each version without waiting for the DHT's answers (``SwarmNode.publish_policy(wait=False)``):
+against a real bootstrap in its own process, another peer reads the announcement, and at most one is in flight."""
+
+from p2prl.config import NetConfig
+from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.node import SwarmNode
+
+from helpers.swarm_util import wait_for
+
+
+def test_an_announcement_not_waited_for_reaches_the_dht_and_one_is_in_flight_at_most(peers):
+    cfg = NetConfig(run_id="publish", loopback=True, rpc_timeout_s=10, initial_peers=[peers.bootstrap()])
+    learner = SwarmNode(cfg, "learner")
+    reader = SwarmNode(cfg, "sampler")
+    try:
+        recs = [PolicyRecord(version=v, sha256=f"{v:064x}", size=1) for v in (1, 2)]
+        learner.publish_policy(recs[0], wait=False)
+        first = [fut for _, fut in learner._publishing]
+        assert [k.split("/", 2)[2] for k, _ in learner._publishing] == ["policy", "holders/1"]
+        learner.publish_policy(recs[1], wait=False)
+        assert all(fut.done() for fut in first)  # the previous announcement's stores were waited for first
+        assert [k.split("/", 2)[2] for k, _ in learner._publishing] == ["policy", "holders/2"]
+        wait_for(lambda: (got := reader.latest_policy()) is not None and got[1] == recs[1], 30, "version 2 in the DHT")
+        assert reader.latest_policy() == (learner.peer_id, recs[1])
+        assert reader.holders(recs[0]) == reader.holders(recs[1]) == [learner.peer_id]
+        assert learner.dht_errors == 0
+    finally:
+        reader.shutdown()
+        learner.shutdown()
+    assert learner._publishing == []
