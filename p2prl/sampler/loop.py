@@ -444,6 +444,14 @@ class Sampler:
                 self.acking.append(AcksRequest(learner, chunk, reply))
         self.flush()
 
+    def run_started(self) -> bool:
+        """Whether a learner of the run is announced and a policy and the run's config are published. The
+        learners found are kept: the loop sends its first groups to them at once, not a heartbeat later."""
+        learners = self.node.peers("learner")
+        if learners:
+            self.learners = learners
+        return bool(learners and self.node.latest_policy() and self.node.run_configs())
+
     def learners_full(self) -> bool:
         """True while every usable learner last reported a full queue (back-pressure)."""
         usable = self.usable_learners()
@@ -492,7 +500,7 @@ class Sampler:
             if time.time() - beat[0] > self.cfg.net.heartbeat_s:
                 self.heartbeat()
                 beat[0] = time.time()
-            return self.node.peers("learner") and self.node.latest_policy() and self.node.run_configs()
+            return self.run_started()
 
         wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
                    cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)

@@ -337,6 +337,18 @@ def test_a_failed_learner_look_up_does_not_forget_the_learners():
     assert s.learners == []
 
 
+def test_the_learners_found_while_waiting_for_the_run_are_kept_for_the_first_sends():
+    s = fake_sampler(0)
+    s.learners, found = [], s.learners
+    s.node.peers = lambda role: found if role == "learner" else []
+    s.node.latest_policy, s.node.run_configs = lambda: None, lambda: {"L1": object()}
+    assert not s.run_started() and s.learners == found  # no policy yet, but the learner is known from now on
+    s.node.latest_policy = lambda: ("L1", object())
+    assert s.run_started()
+    s.node.peers = lambda role: []  # a look-up that found nobody leaves the known learners to the heartbeat
+    assert not s.run_started() and s.learners == found
+
+
 def policy(version: int) -> bytes:
     return PolicyRecord(version=version, sha256="cd" * 32, size=10).encode()
 
