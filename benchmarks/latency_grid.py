@@ -67,7 +67,8 @@ def setting(config: str, overrides: list[str]) -> str:
         return text
     return text + (
         "\n\nWhy this setting: it is the shipped default training setting (the one `benchmarks/train_accuracy.py` "
-        "measures), kept so that the grid needs no tuning per method; the \"Does staleness hurt?\" lines below "
+        "measures) with the paper's constant learning rate after warmup (`configs/default.toml` decays it on a "
+        "cosine), kept so that the grid needs no tuning per method; the \"Does staleness hurt?\" lines below "
         "say whether staleness hurts each method at it. GSPO runs with clip 0.2, as in the HeteroRL "
         "experiments whose figure this reproduces; the GSPO paper's 3e-4 / 4e-4 (the config default) binds "
         "once a sequence's length-normalised ratio moves by 0.04%, which one learner step at this learning "

@@ -105,8 +105,11 @@ class AlgoConfig(_Section):
 class TrainConfig(_Section):
     steps: int = Field(120, ge=1, le=10_000_000, description="Learner optimizer steps (policy versions) to run.")
     groups_per_step: int = Field(16, ge=1, le=65_536, description="Groups (prompts) per optimizer step.")
-    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate (constant after warmup).")
+    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate (after warmup; see lr_schedule).")
     warmup_frac: float = Field(0.03, ge=0.0, le=1.0, description="Share of steps with linear warmup (paper: 3%).")
+    lr_schedule: Literal["constant", "cosine"] = Field(
+        "constant", description="After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at train.steps.")
+    lr_min_frac: float = Field(0.1, ge=0.0, le=1.0, description="lr_schedule = cosine: the learning rate at train.steps, as a share of lr.")
     weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
     seed: int = Field(0, ge=0, description="Seed of sampling, prompt order and initialisation.")

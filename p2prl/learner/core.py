@@ -6,6 +6,8 @@ verifier recomputed, never a sampler's claim.
 
 from __future__ import annotations
 
+import math
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,7 @@ from p2prl.algo import LOSSES, group_advantages, loss_kwargs
 from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
 from p2prl.algo.mismatch import logprob_mismatch
 from p2prl.learner.checkpoint import load_checkpoint_policy, load_optimizer, read_state
-from p2prl.config import Config
+from p2prl.config import Config, TrainConfig
 from p2prl.policy import Policy, load_policy, sequence_logprobs
 from p2prl.rollout.record import RolloutGroup
 from p2prl.policy.weights import load_weights
@@ -55,6 +57,18 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
+def lr_factor(t: TrainConfig, step: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) as a share of ``t.lr``: linear warmup over
+    ``t.warmup_frac`` of the steps, then constant, or a cosine from 1 down to ``t.lr_min_frac`` at ``t.steps``."""
+    warmup = max(1, round(t.warmup_frac * t.steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    if t.lr_schedule == "constant":
+        return 1.0
+    done = min(1.0, (step + 1 - warmup) / max(1, t.steps - warmup))
+    return t.lr_min_frac + (1.0 - t.lr_min_frac) * 0.5 * (1.0 + math.cos(math.pi * done))
+
+
 class LearnerCore:
     """Owns the trainable policy, its optimizer and the policy version."""
 
@@ -66,8 +80,7 @@ class LearnerCore:
         self.params = [p for p in policy.model.parameters() if p.requires_grad]
         self.n_params = sum(p.numel() for p in self.params)
         self.optimizer = torch.optim.AdamW(self.params, lr=t.lr, weight_decay=t.weight_decay)
-        warmup = max(1, round(t.warmup_frac * t.steps))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lambda s: min(1.0, (s + 1) / warmup))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, t))
         if cfg.model.gradient_checkpointing:
             policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         policy.model.train()

@@ -22,7 +22,7 @@ SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")
 LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim")
 PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")  # sampling keys each peer chooses (how it generates, not what)
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "weight_decay", "max_grad_norm")
+OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay", "max_grad_norm")
 # files that decide what a model folder computes (weights, architecture, tokenizer, chat template)
 MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 

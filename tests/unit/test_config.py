@@ -46,3 +46,28 @@ def test_bad_files(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="section.key=value"):
         load_config(None, ["justaword"])
+
+
+def test_lr_schedule_warms_up_then_stays_constant_or_decays_on_a_cosine():
+    from p2prl.learner.core import LearnerCore, lr_factor
+    from p2prl.policy import load_policy
+
+    over = ["train.steps=100", "train.warmup_frac=0.1"]
+    const = load_config(None, over).train
+    cos = load_config(None, [*over, "train.lr_schedule=cosine", "train.lr_min_frac=0.2"]).train
+    for t in (const, cos):
+        assert [lr_factor(t, s) for s in range(10)] == pytest.approx([(s + 1) / 10 for s in range(10)])
+    assert const.lr_schedule == "constant" and all(lr_factor(const, s) == 1.0 for s in range(10, 150))
+    after = [lr_factor(cos, s) for s in range(10, 100)]
+    assert after[0] == pytest.approx(1.0, abs=1e-3) and all(a >= b for a, b in zip(after, after[1:]))
+    assert lr_factor(cos, 54) == pytest.approx(0.6)  # halfway through the decay: midway between 1 and 0.2
+    assert lr_factor(cos, 99) == pytest.approx(0.2) and lr_factor(cos, 500) == pytest.approx(0.2)
+    # the learner's optimizer follows it, step by step
+    cfg = load_config(None, [*over, "train.lr_schedule=cosine", "train.lr=0.01"])
+    core = LearnerCore(load_policy("builtin"), cfg)
+    lrs = []
+    for _ in range(100):
+        lrs.append(core.optimizer.param_groups[0]["lr"])
+        core.optimizer.step()
+        core.scheduler.step()
+    assert lrs == pytest.approx([0.01 * lr_factor(cfg.train, s) for s in range(100)])
