@@ -29,7 +29,7 @@ def main() -> None:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "p2prl.cli", "train", "--config", "configs/default.toml", "--algo", args.algo,
-               "--fresh", "--no-progress", f"train.out_dir={out}", *args.overrides]
+               "--fresh", "--no-progress", "--json", f"train.out_dir={out}", *args.overrides]
         t0 = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=ROOT)
         wall = time.time() - t0
