@@ -10,7 +10,7 @@
 # without it on a CPU). p2prl serves text models only, so the script resolves the whole
 # install first (`pip install --dry-run --report`), then installs exactly what was resolved
 # but those four, with --no-deps: they are never downloaded, which keeps the venv at about
-# 2.9 GB and the disk used while installing at about 4 GB. Run again to update: a venv whose
+# 2.9 GB and the disk used while installing at about 3.3 GB. Run again to update: a venv whose
 # install stamp matches pyproject.toml is left as it is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
