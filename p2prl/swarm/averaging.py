@@ -58,6 +58,16 @@ from p2prl.swarm.node import FrameError, drain, read_frame, write_frame
 
 log = logging.getLogger("p2prl.averaging")
 
+
+def _not_a_failed_step(record: logging.LogRecord) -> bool:
+    """hivemind logs every failed averaging step with a traceback (``DecentralizedAverager._step``) and also
+    sets the failure on the step's future, which the learner reports in one line (``gradient round at vN
+    failed: ...``): the traceback only repeats it, and a round whose partner just left is not an error."""
+    return not (record.funcName == "_step" and record.exc_info)
+
+
+logging.getLogger("hivemind.averaging.averager").addFilter(_not_a_failed_step)
+
 SCALE_BITS = 24  # resolution of a gradient value: 2**-24 (6e-8)
 LIMIT = 2**32 - 1  # largest |gradient| * 2**SCALE_BITS sent (256); larger values are clamped and counted
 BLOCK = 1024  # values between marker slots
