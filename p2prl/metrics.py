@@ -104,7 +104,8 @@ def plot_run(metrics: Path, png: Path) -> Path | None:
     ax.set_xlabel("policy version")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
-    ax.legend(loc="lower right")
+    if reward or acc:  # a run stopped before its first step has nothing to label
+        ax.legend(loc="lower right")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=100)

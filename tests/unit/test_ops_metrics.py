@@ -229,3 +229,15 @@ def test_metrics_flags_map_to_config_keys_and_bad_values_are_named(capsys):
                        (["status", "--initial-peers", "x", "--watch", "--json"], "--watch")]:
         assert cli.main(argv) == 2
         assert what in capsys.readouterr().err, argv
+
+
+def test_the_plot_of_a_run_stopped_before_its_first_step_is_drawn_without_warnings(tmp_path):
+    import warnings
+
+    from p2prl.metrics import plot_run
+
+    (tmp_path / "metrics.jsonl").write_text("")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib warns of a legend with nothing to label
+        png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "progress.png")
+    assert png is not None and png.stat().st_size > 0
