@@ -3,6 +3,7 @@ import secrets
 
 import pytest
 
+from helpers import zygote
 from helpers.leftovers import SESSION_MARK, kill, left_behind
 from helpers.swarm_util import Peers
 from p2prl.policy import load_policy
@@ -32,6 +33,7 @@ def no_processes_left_behind(request):
     token = f"{os.getpid()}-{secrets.token_hex(8)}"
     os.environ[SESSION_MARK] = token
     yield
+    zygote.close()  # the peers' zygote (helpers/zygote.py) and whatever it still has running
     request.config.stash[LEFT_BEHIND] = kill(left_behind(f"{SESSION_MARK}={token}".encode(), root=os.getpid()))
     os.environ.pop(SESSION_MARK, None)
 

@@ -37,7 +37,7 @@ def cli_command(*args: str) -> list[str]:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent(parent: int):
+def die_with_parent(parent: int):
     """A ``preexec_fn``: SIGTERM this child when ``parent`` dies (Linux; elsewhere nothing)."""
 
     def set_pdeathsig() -> None:
@@ -76,7 +76,7 @@ class ProcessGroups:
 
     def spawn(self, name: str, cmd: list[str], *, log: bool = True) -> subprocess.Popen:
         """Start ``cmd`` as child ``name``; stdout and stderr go to its log (``log=False``: to ours)."""
-        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd, preexec_fn=_die_with_parent(os.getpid()))
+        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd, preexec_fn=die_with_parent(os.getpid()))
         if not log:
             p = subprocess.Popen(cmd, **kw)
         else:
@@ -138,7 +138,10 @@ def fork_safe() -> bool:
 def _forked_cli(args: list[str], out: tuple[Path, bool] | None, parent: int, cwd: Path | None) -> None:
     """The child's side of ``ProcessGroups.fork``: what ``spawn`` gives a new interpreter, then ``p2prl <args>``."""
     os.setsid()
-    if (die := _die_with_parent(parent)) is not None:
+    fd = os.open(os.devnull, os.O_RDONLY)  # stdin: nothing, not the parent's (spawn gives DEVNULL too)
+    os.dup2(fd, 0)
+    os.close(fd)
+    if (die := die_with_parent(parent)) is not None:
         die()
     for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers are not this peer's
         signal.signal(sig, signal.SIG_DFL)

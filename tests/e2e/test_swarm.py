@@ -60,7 +60,8 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     learner_args = ("train.steps=100000", f"net.identity_path={ident}")  # stopped by the test, never done early
     peers.join("learner", "learner", maddr, *learner_args, out=out)
     peers.join("s0", "sampler", maddr)
-    peers.join("s1", "sampler", maddr)
+    acks = tmp_path / "s1.acks"
+    peers.join("s1", "sampler", maddr, f"testing.ack_log={acks}")
     version = lambda: (read_jsonl(out / "train_log.jsonl") or [{"version": -1}])[-1]["version"]
     wait_for(lambda: version() >= 3, 180, "version 3")
 
@@ -74,6 +75,8 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     v_stop = version()
     peers.join("learner2", "learner", maddr, *learner_args, out=out)
     wait_for(lambda: version() >= v_stop + 4, 180, "the restarted learner to advance")
+    # a learner acknowledges groups as trained once it has been up for 6 heartbeats (ledger.settle)
+    wait_for(lambda: acks.exists() and acks.read_text().split(), 60, "a group of s1 acknowledged as trained")
     peers.stop("learner2")
     log2 = peers.log("learner2")
     assert f"at version {v_stop}" in log2, "the restarted learner did not resume from its checkpoint"

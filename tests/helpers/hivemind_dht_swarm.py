@@ -1,6 +1,6 @@
 """Run inside `unshare -n`: hivemind's `hivemind-dht` as the bootstrap of a p2prl swarm.
 
-Usage: unshare -n python tests/hivemind_dht_swarm.py WORKDIR   (exit 0 = the policy version advanced)
+Usage: unshare -n python tests/helpers/hivemind_dht_swarm.py WORKDIR   (exit 0 = the policy version advanced)
 """
 
 import re
@@ -8,8 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parent))
-from swarm_util import Peers, read_jsonl, wait_for  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from helpers.swarm_util import Peers, read_jsonl, wait_for  # noqa: E402
 
 root = Path(sys.argv[1])
 subprocess.run(["ip", "link", "set", "lo", "up"], check=True)

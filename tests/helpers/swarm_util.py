@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from helpers.zygote import zygote
 from p2prl.launch.procs import ProcessGroups
 
 FAST = [
@@ -48,6 +49,11 @@ class Peers:
         self.procs = self.group.procs
 
     def start(self, name: str, args: list[str], module: str = "p2prl.cli") -> subprocess.Popen:
+        """``python -m <module> <args>`` (``module`` empty: ``args`` is the command); a ``p2prl`` command is a
+        fork of this session's zygote where there is one (``helpers.zygote``), as ``p2prl swarm up`` forks."""
+        if module == "p2prl.cli" and (z := zygote()) is not None:
+            self.procs[name] = child = z.fork(self.root / f"{name}.log", args, True, self.group.cwd)
+            return child
         return self.group.spawn(name, [sys.executable, "-m", module, *args] if module else args)
 
     def log(self, name: str) -> str:
