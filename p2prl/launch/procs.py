@@ -93,6 +93,16 @@ class ProcessGroups:
         sys.stderr.flush()
         proc = mp.get_context("fork").Process(target=_forked_cli, args=(args, out, os.getpid(), self.cwd), name=name)
         proc.start()
+        # as with spawn (start_new_session): the child has its own session once this returns, so that a
+        # signal to its group reaches it even when it is sent at once (before, killpg found no such group)
+        deadline = time.monotonic() + 10
+        while proc.is_alive() and time.monotonic() < deadline:
+            try:
+                if os.getsid(proc.pid) == proc.pid:
+                    break
+            except ProcessLookupError:
+                break
+            time.sleep(0.001)
         self.procs[name] = child = ForkedChild(proc)
         return child
 

@@ -1,6 +1,7 @@
 """``ProcessGroups.fork``: a ``p2prl`` command run in a fork of this process, logging to its own file."""
 
 import os
+import signal
 import sys
 
 import pytest
@@ -37,6 +38,20 @@ def test_a_forked_bootstrap_runs_in_its_own_session_and_stops_with_its_helpers(t
     assert boot.returncode == 0
     assert "caught SIGTERM" in (tmp_path / "bootstrap.log").read_text()
     assert not [p for p in os.listdir("/proc") if p.isdigit() and _session(int(p)) == boot.pid]
+
+
+def test_a_signal_sent_as_soon_as_fork_returns_reaches_the_child(tmp_path):
+    """The child has its own session when ``fork`` returns, as a spawned one has, so a signal to its group
+    sent at once reaches it (it once found no such group yet, and a churn test's SIGKILL was lost)."""
+    swarm = ProcessGroups(tmp_path, grace_s=10)
+    try:
+        for i in range(3):
+            child = swarm.fork(f"b{i}", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"])
+            assert _session(child.pid) == child.pid
+            swarm.signal(f"b{i}", signal.SIGKILL)
+            assert child.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        swarm.stop()
 
 
 def _session(pid: int) -> int | None:

@@ -71,9 +71,9 @@ def test_a_flood_of_state_and_weights_requests_leaves_the_learner_training(peers
 
     wait_for(lambda: version() >= 3, 180, "version 3")
     before = version()
-    counts = hostile("flood", maddr, "test", "20", "16")
+    counts = hostile("flood", maddr, "test", "8", "16")
     during = version() - before
-    assert during >= 3, f"only {during} versions during a 20 s flood"  # it kept training
+    assert during >= 3, f"only {during} versions during an 8 s flood"  # it kept training
     assert counts.get("refused:limited", 0) > 0 and counts.get("ok", 0) > 0, counts  # served some, refused the rest
     m = wait_for(lambda: [l for l in read_jsonl(out / "metrics.jsonl") if "trust/limited/state" in l], 60,
                  "the limited streams in the learner's metrics")
