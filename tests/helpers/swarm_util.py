@@ -52,7 +52,7 @@ class Peers:
         """``python -m <module> <args>`` (``module`` empty: ``args`` is the command); a ``p2prl`` command is a
         fork of this session's zygote where there is one (``helpers.zygote``), as ``p2prl swarm up`` forks."""
         if module == "p2prl.cli" and (z := zygote()) is not None:
-            self.procs[name] = child = z.fork(self.root / f"{name}.log", args, True, self.group.cwd)
+            self.procs[name] = child = z.fork(self.root / f"{name}.log", args, self.group.cwd)
             return child
         return self.group.spawn(name, [sys.executable, "-m", module, *args] if module else args)
 

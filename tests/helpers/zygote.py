@@ -82,9 +82,9 @@ class Zygote:
             self.proc.stdin.flush()
             return self._reply(REPLY_TIMEOUT_S)
 
-    def fork(self, log: Path, args: list[str], append: bool, cwd: Path | None) -> "ZygoteChild":
-        """``p2prl <args>`` logging to ``log`` (named ``<name>.log``), with this process's environment."""
-        log.open("ab" if append else "wb").close()  # there once this returns, as with ``ProcessGroups.spawn``
+    def fork(self, log: Path, args: list[str], cwd: Path | None) -> "ZygoteChild":
+        """``p2prl <args>`` appending to ``log`` (named ``<name>.log``), with this process's environment."""
+        log.touch()  # there once this returns, as with ``ProcessGroups.spawn``
         pid = self._ask(op="fork", args=list(args), log=str(log), cwd=str(cwd) if cwd else None,
                         env=dict(os.environ))["pid"]
         return ZygoteChild(self, log.stem, pid)
