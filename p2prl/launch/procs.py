@@ -52,6 +52,42 @@ def die_with_parent(parent: int):
     return set_pdeathsig if sys.platform.startswith("linux") else None
 
 
+def children_of(pid: int) -> list[int]:
+    """The live child processes of ``pid``, from /proc (Linux; elsewhere none)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(stat[1]) == pid and stat[0] != "Z":
+            out.append(int(entry.name))
+    return out
+
+
+def exit_with_parent(parent: int, interval_s: float = 0.5) -> threading.Thread | None:
+    """In a helper process (a peer's DHT process, its averager, a reward worker): once ``parent`` is no longer
+    this process's parent (it died, by any signal, SIGKILL included), SIGKILL this process's own children
+    (the DHT process's p2pd) and exit. A daemon thread polls ``os.getppid()``; returns it (None: ``parent``
+    is gone already, and this process has exited)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        for child in children_of(os.getpid()):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        os._exit(1)
+
+    if os.getppid() != parent:
+        watch()
+    thread = threading.Thread(target=watch, name="p2prl-exit-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
 def signal_group(p: subprocess.Popen, sig: int) -> None:
     """Send ``sig`` to ``p``'s process group; nothing when the group is gone."""
     try:

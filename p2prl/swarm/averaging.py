@@ -44,6 +44,7 @@ import asyncio
 import hashlib
 import logging
 import math
+import os
 import secrets
 import threading
 from collections import OrderedDict
@@ -54,6 +55,7 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
+from p2prl.launch.procs import exit_with_parent
 from p2prl.swarm.node import FrameError, drain, read_frame, write_frame
 
 log = logging.getLogger("p2prl.averaging")
@@ -178,9 +180,15 @@ def _make_averager_class():
     import hivemind
 
     class ExactAverager(hivemind.DecentralizedAverager):
-        """A DecentralizedAverager whose reducers accumulate in float64 (exact for our integers)."""
+        """A DecentralizedAverager whose reducers accumulate in float64 (exact for our integers), and whose
+        process ends with the learner that started it, however that learner dies."""
+
+        def __init__(self, *args, **kwargs):
+            self._owner = os.getpid()  # before the base class starts the process
+            super().__init__(*args, **kwargs)
 
         def run(self):  # runs in the averager's own process
+            exit_with_parent(self._owner)
             torch.set_default_dtype(torch.float64)
             super().run()
 

@@ -100,6 +100,31 @@ def wait_for_peers_file(path: str, timeout_s: float, stop: threading.Event | Non
             raise BootstrapError(f"stopped while waiting for net.initial_peers_file {path!r}")
 
 
+_OWNED_DHT = None
+
+
+def _owned_dht_class():
+    """hivemind's DHT whose process (and the p2pd it starts) ends when the peer that started it dies by any
+    signal: a crashed or SIGKILLed volunteer's helpers must not outlive it and hold its ports."""
+    global _OWNED_DHT
+    if _OWNED_DHT is None:
+        import hivemind
+
+        from p2prl.launch.procs import exit_with_parent
+
+        class OwnedDHT(hivemind.DHT):
+            def __init__(self, *args, **kwargs):
+                self._owner = os.getpid()  # before the base class starts the process
+                super().__init__(*args, **kwargs)
+
+            def run(self) -> None:  # in the DHT's own process
+                exit_with_parent(self._owner)
+                super().run()
+
+        _OWNED_DHT = OwnedDHT
+    return _OWNED_DHT
+
+
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):
     """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` with what to check."""
     import hivemind
@@ -112,7 +137,8 @@ def start_dht(initial_peers: list[str], timeout_s: float, **kw):
                     "that `p2prl bootstrap` prints"
                 )
     try:
-        return hivemind.DHT(initial_peers=initial_peers or None, start=True, startup_timeout=timeout_s, **dht_kwargs(**kw))
+        return _owned_dht_class()(initial_peers=initial_peers or None, start=True, startup_timeout=timeout_s,
+                                  **dht_kwargs(**kw))
     except Exception as e:  # hivemind raises bare exceptions from its child process
         if initial_peers:
             raise BootstrapError(

@@ -18,7 +18,6 @@ completion contains can make ``score`` raise or hang.
 
 from __future__ import annotations
 
-import atexit
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -31,14 +30,17 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from p2prl.config import TaskConfig
+from p2prl.launch.procs import exit_with_parent
 from p2prl.tasks.base import Problem, Task, TaskError
 
 SAMPLE = Path(__file__).resolve().parent.parent / "assets" / "math" / "sample.jsonl"
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy on a loaded machine; not part of any check's budget
 MAX_WORKERS = 4
+PARENT_ENV = "P2PRL_REWARD_PARENT"  # a worker's parent pid: it exits once that process is gone
 
 log = logging.getLogger("p2prl")
 
@@ -156,37 +158,61 @@ def _parquet_rows(path: Path):
 
 
 class Checker:
-    """math-verify checks in worker processes, bounded by ``timeout_s`` each, callable from any thread."""
+    """math-verify checks in worker processes, bounded by ``timeout_s`` each, callable from any thread.
+
+    The workers end with the pool: ``close`` (also when the pool is collected, and at exit) kills every one,
+    busy or idle, and a worker exits by itself once the process that started it is gone, however it died."""
 
     def __init__(self, timeout_s: float, max_workers: int = MAX_WORKERS):
         self.timeout_s = timeout_s
         self._idle: list[_Worker] = []
+        self._all: set[_Worker] = set()
+        self._closed = False
         self._lock = threading.Lock()
         self._slots = threading.BoundedSemaphore(max_workers)
-        atexit.register(self.close)
+        weakref.finalize(self, _kill_all, self._all)
 
     def check(self, gold: str, completion: str) -> bool:
-        """Whether ``completion`` answers ``gold``; False on any failure or after ``timeout_s``."""
+        """Whether ``completion`` answers ``gold``; False on any failure, after ``timeout_s`` or once closed."""
         with self._slots:
             with self._lock:
+                if self._closed:
+                    return False
                 worker = self._idle.pop() if self._idle else None
             try:
-                worker = worker or _Worker()
+                if worker is None:
+                    worker = _Worker()
+                    with self._lock:
+                        self._all.add(worker)
                 ok = worker.ask(gold, completion, self.timeout_s)
             except _WorkerLost as e:
                 log.warning("math reward: %s; scored 0", e)
                 if worker is not None:
-                    worker.kill()
+                    self._retire(worker)
                 return False
             with self._lock:
-                self._idle.append(worker)
+                if not self._closed:
+                    self._idle.append(worker)
+                    return ok
+            self._retire(worker)  # closed while this check ran
             return ok
 
+    def _retire(self, worker: _Worker) -> None:
+        self._all.discard(worker)
+        worker.kill()
+
     def close(self) -> None:
+        """Kill every worker, busy ones included; later checks score 0."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        for w in idle:
-            w.kill()
+            self._closed = True
+            self._idle = []
+        _kill_all(self._all)
+
+
+def _kill_all(workers: set[_Worker]) -> None:
+    for w in list(workers):
+        workers.discard(w)
+        w.kill()
 
 
 class _WorkerLost(Exception):
@@ -200,6 +226,7 @@ class _Worker:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the p2prl package
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        env[PARENT_ENV] = str(os.getpid())  # the worker exits once this process is gone, however it died
         self.proc = subprocess.Popen([sys.executable, "-m", "p2prl.tasks.math"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
         self._buf = b""
@@ -211,18 +238,21 @@ class _Worker:
         try:
             self.proc.stdin.write(json.dumps([gold, completion]).encode() + b"\n")
             self.proc.stdin.flush()
-        except OSError as e:
+        except (OSError, ValueError) as e:
             raise _WorkerLost(f"the math-verify worker died ({e})") from None
         return self._line(timeout_s, "answer") == b"1"
 
     def _line(self, timeout_s: float, what: str) -> bytes:
         deadline = time.monotonic() + timeout_s
-        fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
-                raise _WorkerLost(f"no {what} from the math-verify worker within {timeout_s:g} s")
-            chunk = os.read(fd, 65536)
+            try:  # the pool may be closing this worker from another thread
+                fd = self.proc.stdout.fileno()
+                if left <= 0 or not select.select([fd], [], [], left)[0]:
+                    raise _WorkerLost(f"no {what} from the math-verify worker within {timeout_s:g} s")
+                chunk = os.read(fd, 65536)
+            except (OSError, ValueError):
+                raise _WorkerLost("the math-verify worker was stopped") from None
             if not chunk:
                 raise _WorkerLost(f"the math-verify worker exited (code {self.proc.poll()})")
             self._buf += chunk
@@ -230,6 +260,9 @@ class _Worker:
         return line
 
     def kill(self) -> None:
+        """Kill the process (once; a second call, from ``close`` racing a check, does nothing)."""
+        if self.proc.returncode is not None:
+            return
         self.proc.kill()
         self.proc.wait()
         for f in (self.proc.stdin, self.proc.stdout):
@@ -240,6 +273,8 @@ def _serve() -> None:
     """The worker: answer [gold, completion] lines until stdin closes (the task's process is gone)."""
     from functools import lru_cache
 
+    if os.environ.get(PARENT_ENV, "").isdigit():
+        exit_with_parent(int(os.environ[PARENT_ENV]))
     logging.disable(logging.WARNING)  # math-verify warns that its own timeouts are off: the parent bounds us
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything a library prints stays off the answer channel

@@ -2,8 +2,11 @@
 `p2prl train`, and a swarm of separate processes on 127.0.0.1."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,3 +124,48 @@ def test_swarm_trains_math_on_the_test_model(test_model, peers, tmp_path):
     assert [line["version"] for line in lines] == list(range(5))
     assert sum(len(line["groups"]) for line in lines) == 4 * 4
     assert "verified)" in peers.log("s0")  # the sampler took up a newer version
+
+
+def _session_processes(sid: int) -> dict[int, str]:
+    """Live processes of session ``sid`` (a peer started in a session of its own and everything it started)."""
+    from helpers.leftovers import proc_stat
+
+    out = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if os.getsid(int(p)) != sid:
+                    continue
+                cmd = Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            stat = proc_stat(int(p))
+            if stat is not None and stat[0] != "Z":
+                out[int(p)] = cmd
+    return out
+
+
+@pytest.mark.slow  # CI runs it in the slow tier: a math learner's start-up costs half a minute on 2 cores
+def test_a_killed_learner_leaves_no_dht_process_p2pd_or_reward_worker_behind(test_model, peers, tmp_path):
+    """SIGKILL of a learner's main process alone (no group signal, no atexit): its hivemind DHT process, the
+    p2pd that process started and its math-verify reward workers all end by themselves."""
+    maddr = peers.bootstrap()
+    learner = peers.join("learner", "learner", maddr, "--config", CONFIG, f"model.path={test_model}",
+                         "train.steps=1000", out=tmp_path / "learner")
+    peers.join("s0", "sampler", maddr, "--config", CONFIG, f"model.path={test_model}", out=tmp_path / "s0")
+
+    def helpers():
+        procs = _session_processes(learner.pid)
+        kinds = {"dht": any("p2pd" not in c and "p2prl.tasks.math" not in c for p, c in procs.items() if p != learner.pid),
+                 "p2pd": any("p2pd" in c for c in procs.values()),
+                 "reward worker": any("p2prl.tasks.math" in c for c in procs.values())}
+        return procs if all(kinds.values()) else None
+
+    procs = wait_for(helpers, 300, "the learner's DHT process, p2pd and a reward worker (after the first group)")
+    os.kill(learner.pid, signal.SIGKILL)
+    learner.wait(timeout=30)
+    deadline = time.monotonic() + 20  # the helpers notice within a second; generous on a loaded machine
+    while _session_processes(learner.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = _session_processes(learner.pid)
+    assert not left, f"left behind by the killed learner (it had {sorted(procs.values())}): {left}"

@@ -207,3 +207,64 @@ def test_bad_parquet_names_the_file_and_row(tmp_path):
 def test_no_path_is_a_task_error():
     with pytest.raises(TaskError, match="needs task.path"):
         make_task(TaskConfig(name="math"))
+
+
+def test_closing_the_pool_kills_a_busy_worker_and_later_checks_score_zero():
+    from p2prl.tasks.math import Checker
+
+    checker = Checker(timeout_s=30.0)
+    assert checker.check("5", "\\boxed{5}")
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(checker.check, "5", "\\boxed{9^{9^{9^{9}}}}")  # hangs in its worker
+        deadline = time.monotonic() + 10
+        while not checker._all or len(checker._idle) == len(checker._all):  # wait for it to take a worker
+            assert time.monotonic() < deadline, "the hanging check never started"
+            time.sleep(0.01)
+        procs = [w.proc for w in checker._all]
+        started = time.monotonic()
+        checker.close()
+        assert busy.result(timeout=10) is False and time.monotonic() - started < 5  # cut, not waited out
+    assert all(p.poll() is not None for p in procs)
+    assert checker.check("5", "\\boxed{5}") is False
+
+
+WORKER_OWNER = """
+import os, sys, time
+from p2prl.tasks.math import Checker
+c = Checker(timeout_s=30.0)
+assert c.check("5", "\\\\boxed{5}")
+print(*[w.proc.pid for w in c._all], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_reward_worker_exits_when_the_process_that_started_it_is_killed():
+    import os
+    import signal
+    import subprocess
+
+    owner = subprocess.Popen([sys.executable, "-c", WORKER_OWNER], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)
+    try:
+        pids = [int(p) for p in owner.stdout.readline().split()]
+        assert pids, "the owner started no worker"
+        os.kill(owner.pid, signal.SIGKILL)  # no atexit, no stdin closed by the owner: its pipe ends go with it
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids), "a reward worker outlived its owner"
+    finally:
+        owner.kill()
+        for p in pids if "pids" in locals() else []:
+            try:
+                os.kill(p, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _alive(pid: int) -> bool:
+    from helpers.leftovers import proc_stat
+
+    stat = proc_stat(pid)
+    return stat is not None and stat[0] != "Z"
