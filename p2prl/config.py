@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import shutil
 import tomllib
 import typing
 from pathlib import Path
@@ -284,6 +285,7 @@ class TestingConfig(_Section):
 
     slowdown: float = Field(1.0, ge=1.0, le=1000.0, description="Make this peer N times slower (sleep after each generation / gradient): simulates a weaker machine in tests and benchmarks.")
     ack_log: str = Field("", description="A sampler appends the ids of its groups acknowledged as trained to this file (audits).")
+    hold_file: str = Field("", description="A learner takes no step while this file exists (tests fill its queue this way, whatever the machine's pace).")
 
 
 class Config(_Section):
@@ -382,6 +384,18 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         raise ConfigError(_format(e)) from None
 
 
+def free_space(path: str | Path) -> str:
+    """The free space on the disk holding ``path`` (its nearest existing parent), e.g. ``'1.2 GB'``."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        free = shutil.disk_usage(p).free
+    except OSError:
+        return "unknown"
+    return f"{free / 1e9:.1f} GB" if free >= 1e8 else f"{free / 1e6:.1f} MB"
+
+
 def writable_dir(path: str | Path, key: str) -> Path:
     """Create ``path`` if needed and check that files can be written in it; ConfigError naming ``key`` otherwise."""
     p = Path(path).expanduser()
@@ -391,7 +405,8 @@ def writable_dir(path: str | Path, key: str) -> Path:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise ConfigError(f"{key}={str(path)!r} is not a writable folder: {e.strerror or e}") from None
+        raise ConfigError(f"{key}={str(path)!r} is not a writable folder: {e.strerror or e} "
+                          f"({free_space(p)} free there)") from None
     return p
 
 

@@ -146,3 +146,41 @@ def test_lora_train_runs_from_the_cli_and_resumes_bit_identically(tmp_path):
     a, b = rows(straight), rows(resumed)
     for step in (5, 6):
         assert a[step]["loss/kl_k3"] == b[step]["loss/kl_k3"] and a[step]["rollout/reward"] == b[step]["rollout/reward"]
+
+
+DISK_SCRIPT = """
+set -u
+mount -t tmpfs -o size=2500k tmpfs "$MNT"          # room for one checkpoint after a step (1.6 MB), not two
+"$PY" -m p2prl.cli train train.out_dir="$MNT/run" train.steps=6 train.checkpoint_every=1 train.groups_per_step=4 \
+    task.heldout_size=16 --no-progress 2>"$OUT/full.err"
+echo $? >"$OUT/full.rc"
+cp "$MNT/run/checkpoint/state.json" "$OUT/state.json"
+ls -a "$MNT/run" >"$OUT/after_full.ls"
+mount -o remount,ro "$MNT"                          # the same run, now on a read-only disk
+"$PY" -m p2prl.cli train train.out_dir="$MNT/run" train.steps=6 --no-progress 2>"$OUT/ro.err"
+echo $? >"$OUT/ro.rc"
+"""
+
+
+def test_a_full_then_read_only_disk_stops_training_with_the_path_and_free_space(tmp_path):
+    """A real full disk (a 2.5 MB tmpfs in a private mount namespace) and then the same disk read-only."""
+    import os
+    import shutil
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("needs `unshare -m` (root, or user namespaces) to mount a small tmpfs; "
+                    "tests/unit/test_checkpoint.py covers the same paths with injected failures")
+    mnt, out = tmp_path / "mnt", tmp_path / "out"
+    mnt.mkdir()
+    out.mkdir()
+    env = dict(os.environ, MNT=str(mnt), OUT=str(out), PY=sys.executable)
+    subprocess.run(["unshare", "-m", "sh", "-c", DISK_SCRIPT], env=env, timeout=300, check=True)
+    err = (out / "full.err").read_text()
+    assert (out / "full.rc").read_text().strip() == "2", err
+    assert f"could not write a checkpoint to {mnt}/run/checkpoint.tmp" in err and "free there" in err, err
+    assert "the last good checkpoint" in err and "Traceback" not in err, err
+    assert json.loads((out / "state.json").read_text())["version"] >= 1  # the last good one, whole
+    assert "checkpoint.tmp" not in (out / "after_full.ls").read_text().split()
+    err = (out / "ro.err").read_text()
+    assert (out / "ro.rc").read_text().strip() == "2", err
+    assert f"train.out_dir='{mnt}/run' is not a writable folder: Read-only file system" in err and "free there" in err, err
