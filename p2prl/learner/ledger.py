@@ -141,6 +141,12 @@ class GroupLedger:
         self.buffer.add(g, version)
         self.states[g.group_id] = PENDING
 
+    def take_size(self, share: int, full: int) -> int:
+        """How many groups a step takes: this learner's ``share`` of the swarm-wide batch, or up to a ``full``
+        batch of groups waiting to be retrained (acknowledged to their samplers in a history that lost: they
+        live only in this learner's files until retrained, so the backlog drains at a whole step's pace)."""
+        return max(share, min(len(self.buffer.first), full))
+
     def states_of(self, ids: list[str]) -> dict[str, str]:
         return {i: self.states.get(i, "unknown") for i in ids}
 

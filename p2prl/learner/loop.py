@@ -42,7 +42,7 @@ import torch
 from p2prl import prom
 from p2prl.algo.robust import Rule
 from p2prl.config import Config
-from p2prl.learner.checkpoint import save_checkpoint
+from p2prl.learner.checkpoint import disk_error, save_checkpoint
 from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
@@ -147,7 +147,7 @@ class Learner:
             wait_for_samplers(self.cfg.train.wait_for_samplers, self.samplers_seen, stop,
                               self.cfg.train.wait_for_samplers_s, self.cfg.net.poll_s)
         while self.core.version < self.cfg.train.steps and not stop.is_set():
-            if self.poll_ahead():
+            if self.poll_ahead() or self.held(stop):
                 continue
             batch = self.take_batch()
             if batch is None:
@@ -212,6 +212,15 @@ class Learner:
             self.ledger.settle(self.core.version, before=time.time() - 2 * self.node.ttl)
         return False
 
+    def held(self, stop: threading.Event) -> bool:
+        """Whether ``testing.hold_file`` exists (then wait a moment): the learner serves, admits and answers busy, but
+        takes no step."""
+        hold = self.cfg.testing.hold_file
+        if hold and Path(hold).exists():
+            stop.wait(0.1)
+            return True
+        return False
+
     def take_batch(self) -> list[RolloutGroup] | None:
         """Our share of the swarm-wide batch by the admission rule; after ``rounds.wait_s / 2`` at one version
         with other learners about, whatever is here (possibly nothing); None while waiting."""
@@ -222,6 +231,7 @@ class Learner:
                         "redone; raise rounds.group_size", 1 + others, rounds.group_size)
         share = math.ceil(self.cfg.train.groups_per_step / (1 + others))
         with self.lock:
+            share = self.ledger.take_size(share, self.cfg.train.groups_per_step)
             batch = self.buffer.select(share, self.core.version)
             if batch is None and others and time.time() - self.version_since > rounds.wait_s / 2:
                 batch = self.buffer.select(min(share, len(self.buffer)), self.core.version)  # join with what is here
@@ -293,10 +303,13 @@ class Learner:
         # on disk before anyone hears of v: every published version has its training-log line and own groups
         with self.lock:  # own groups of a lost history, retrained outside the window by design
             retrained = [g.group_id for g in batch if g.group_id in self.buffer.retrain]
-        self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": r.learners,
-                                         "samples": r.weight, "own": len(batch), "groups": r.tags,
-                                         "retrained": retrained}) + "\n")
-        self.ledger.own.write(v, batch)
+        try:
+            self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": r.learners,
+                                             "samples": r.weight, "own": len(batch), "groups": r.tags,
+                                             "retrained": retrained}) + "\n")
+            self.ledger.own.write(v, batch)
+        except OSError as e:  # a full disk: stop here, before anyone hears of v
+            raise disk_error(self.out, e, f"the training log and own groups of v{v}") from e
         # alone: confirmed at once only once we have been around long enough to have heard of the others
         settled_in = time.time() - self.started > 2 * self.node.ttl
         confirmed = r.learners > 1 or (not self.membership.known and settled_in)
@@ -392,6 +405,12 @@ class Learner:
 
     def finish(self) -> dict:
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
+        with self.lock:
+            backlog = len(self.buffer.retrain)
+        if backlog:
+            log.warning("%d groups of a lost history (their samplers were told they were trained) are not retrained "
+                        "yet: they stay in %s and are retrained first when this learner starts again", backlog,
+                        self.out / "own_groups")
         self.bar.close()
         self.sink.close()
         self.train_log.close()
@@ -401,6 +420,7 @@ class Learner:
         summary = {"version": self.core.version, "steps": self.cfg.train.steps, "complete_before": self.complete_before,
                    "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
                    "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
+                   "retrain_backlog": backlog,
                    "admission": dict(self.counts), "membership": dict(self.membership.counts),
                    "trust": {**self.node.trust.counts, **self.trust_metrics()}, "spot_checks": self.spot.summary(),
                    "weights_bytes_served": self.store.bytes_served,

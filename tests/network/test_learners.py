@@ -124,14 +124,16 @@ def median_lag(hist: dict[int, int]) -> int:
 
 @pytest.mark.slow  # CI time, and timing-sensitive on a loaded 2-core machine; the late-learner test covers state sync
 def test_killed_learner_and_slow_peers(peers, tmp_path):
-    """Three learners (b three times slower), two samplers (s1 five times slower); c is SIGKILLed mid-run."""
+    """Three learners (b three times slower), two samplers (s1 five times slower, and holding each policy version
+    until 4 newer ones exist: a sync delay counted in versions, whatever the machine's pace); c is SIGKILLed mid-run."""
     maddr = peers.bootstrap()
     outs = {x: tmp_path / x for x in "abc"}
     for x, out in outs.items():
         peers.join(x, "learner", maddr, *LEARNERS, "train.steps=1000", *(["testing.slowdown=3"] if x == "b" else []), out=out)
     acks = [tmp_path / f"s{i}.acks" for i in range(2)]
     for i, f in enumerate(acks):
-        peers.join(f"s{i}", "sampler", maddr, *LEARNERS, f"testing.ack_log={f}", *(["testing.slowdown=5"] if i else []))
+        slow = ["testing.slowdown=5", "staleness.delay=fixed", "staleness.delay_versions=4"] if i else []
+        peers.join(f"s{i}", "sampler", maddr, *LEARNERS, f"testing.ack_log={f}", *slow)
     # heterogeneity is compared before the kill: c's unacknowledged groups, resent after it, arrive late
     # whichever sampler made them
     wait_for(lambda: rounds_with(outs["a"], 3) >= 3 and n_acked(acks[1]) >= 6, 240,
@@ -159,7 +161,8 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     assert max(max(h) for h in lag_by_sampler(in_window).values() if h) <= 8, "a group older than the window was trained"
     hist = lag_by_sampler([l for l in chain if l["version"] <= v_kill])
     assert sum(hist[slow].values()) >= 4 and sum(hist[fast].values()) >= 4
-    # the slow sampler's groups are older when they arrive (medians: a few groups caught in a catch-up skew means)
+    # the delayed sampler's groups are older when they arrive: made with a version up to 4 behind the newest, and
+    # slower to make (medians: a few groups caught in a catch-up skew means)
     assert median_lag(hist[slow]) >= median_lag(hist[fast]), hist
 
 
@@ -250,7 +253,13 @@ def churn(peers: Peers, tmp_path: Path) -> dict:
         dead[victim] = time.time() + rng.uniform(3, 15)
     for name in list(dead):
         start(name)
-    time.sleep(20)
+    # a learner whose history lost to another's keeps its groups of it (acknowledged to their samplers) in
+    # own_groups/lost-* until they are retrained and checkpointed: the churn is over once both learners have
+    # stepped on together and no such backlog is left
+    v_end = max(last_version(d) for d in learners.values())
+    wait_for(lambda: min(last_version(d) for d in learners.values()) >= v_end + 10
+             and not any(f for d in learners.values() for f in (d / "own_groups").glob("lost-*")),
+             240, "both learners to step on and retrain every group of a lost history")
     codes = {name: peers.stop(name) for name in [*samplers, *learners]}
     head = max(learners.values(), key=last_version)
     return {"codes": codes, "dirs": list(learners.values()), "acks": list(acks.values()), "head": head}

@@ -155,3 +155,44 @@ def test_an_unreadable_own_file_is_counted_not_fatal(tmp_path):
     ledger.restore({}, 1, [], now=0.0)
     assert ledger.counts["sync/own_file_unreadable"] == 1
     assert ledger.counts["sync/groups_requeued"] == 0
+
+
+def test_the_churn_soak_sequence_a_history_acknowledged_alone_then_lost_is_retrained_at_a_full_step(tmp_path):
+    """What a churn soak found: learner A, alone (B dead and forgotten), steps v2-v4 and acknowledges them at once;
+    A is killed and restarts from its checkpoint at v4, while B, restarted from an older checkpoint and unable
+    to load A's state (A was dead), stepped alone to v6. A loads B's v6: its acknowledged groups of v2-v4 exist
+    only in A's files now. They are requeued first, taken a whole step at a time, and their files go only
+    once they are retrained and checkpointed."""
+    a = make_ledger(tmp_path)
+    lines = [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)])]
+    step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)  # a round with B
+    for v in (2, 3, 4):  # alone, knowing no other learner: acknowledged at once
+        own = [group(f"s/{v}a", v - 1), group(f"s/{v}b", v - 1)]
+        step(a, v, own, confirmed=True)
+        lines.append(log_line(v, own))
+    assert a.states_of(["s/2a", "s/4b"]) == {"s/2a": "trained", "s/4b": "trained"}
+    saved = a.checkpoint_state()
+
+    a = make_ledger(tmp_path)  # killed; restarts from the checkpoint at v4
+    a.restore(saved, 4, lines, now=0.0)
+    assert len(a.buffer) == 0  # nothing newer than the checkpoint to retrain
+    theirs = {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 4: "d" * 64, 5: "c" * 64, 6: "b" * 64}
+    assert a.adopt(6, theirs, {"t/1", "s/1", "u/5"}) == 2
+    lost = ["s/2a", "s/2b", "s/3a", "s/3b", "s/4a", "s/4b"]
+    assert set(a.states_of(lost).values()) == {"pending"} and a.counts["sync/groups_requeued"] == 6
+    assert sorted(a.buffer.retrain) == lost
+    share, full = 1, 4  # two learners, train.groups_per_step=4: the share is 2; here 1 to show the full step
+    assert a.take_size(share, full) == 4
+    first = a.buffer.select(a.take_size(share, full), 6)
+    assert ids(first) == lost[:4]  # whatever their age (v1-v3 against a window at v6)
+    step(a, 7, first, others=["u/7"], confirmed=True)
+    a.checkpointed()
+    assert len([f for f, _, is_lost in a.own.files() if is_lost]) == 1  # v4's file: its groups wait
+    assert a.take_size(share, full) == 2
+    rest = a.buffer.select(a.take_size(share, full), 7)
+    assert ids(rest) == lost[4:]
+    step(a, 8, rest, confirmed=True)
+    a.checkpointed()
+    assert not [f for f, _, is_lost in a.own.files() if is_lost] and not a.buffer.retrain
+    assert set(a.states_of(lost).values()) == {"trained"}
+    assert a.take_size(share, full) == share
