@@ -37,7 +37,9 @@ try:
         g.logq = np.where(on, g.logq - shift, g.logq).astype(np.float32)
     replies = {"forged": {}, "honest": {}}
     for i, g in enumerate(groups):
-        r = unpack_map(node.request(learner, "rollout", encode_group(g), MAX_CONTROL_BYTES), {"status": str})
+        # a spot check recomputes the group's log-probs on the learner's admission thread: generous on a loaded machine
+        r = unpack_map(node.request(learner, "rollout", encode_group(g), MAX_CONTROL_BYTES, timeout_s=120),
+                       {"status": str})
         replies["forged" if i < n_forged else "honest"][g.group_id] = [r["status"], r.get("reason", "")]
     print(json.dumps(replies), flush=True)
 finally:

@@ -9,10 +9,14 @@ def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peer
     """One learner keeping one step's groups waiting (4: at most 2 of each of two samplers, 4 of one alone) and
     two samplers of 4 groups a loop, each sending its loop's batch in one stream: the learner answers busy
     beyond the bound, those groups stay with their sampler and are trained later, and every group trained
-    is acknowledged to its sampler."""
+    is acknowledged to its sampler. The learner is held (``testing.hold_file``: it admits but takes no step)
+    until a sampler was answered busy, so its queue fills whatever the machine's pace."""
     maddr = peers.bootstrap_file()  # every peer starts at once (start-up dominates this test's time)
     out = tmp_path / "learner"
-    peers.join("learner", "learner", maddr, "train.steps=1000", "flow.queue_steps=1", out=out)
+    hold = tmp_path / "hold"
+    hold.touch()
+    peers.join("learner", "learner", maddr, "train.steps=1000", "flow.queue_steps=1", f"testing.hold_file={hold}",
+               out=out)
     acks = {s: tmp_path / f"{s}.acks" for s in ("s0", "s1")}
     for s, f in acks.items():
         peers.join(s, "sampler", maddr, f"testing.ack_log={f}")
@@ -28,6 +32,9 @@ def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peer
 
     # generous bounds for a loaded machine (start-up included); a learner that never answers busy, or a
     # sampler that loses the groups it was told were busy, fails them
+    wait_for(busy_ids, 120, "a sampler to be answered busy by the held learner")
+    assert not trained(), "the held learner stepped"
+    hold.unlink()
     wait_for(lambda: busy_ids() & trained(), 120, "a group answered busy, then trained")
     first = trained()
     wait_for(lambda: first <= acked(), 60, "every trained group acknowledged to its sampler")
