@@ -107,8 +107,13 @@ class GroupLedger:
         for line in log_lines:
             if "loaded_from" not in line and line["version"] > version - self.keep:
                 self.trained_at[line["version"]] = ([gid for gid, _, _ in line["groups"]], [])
+        known_lost = set(saved.get("lost_files", []))
         for path, u, lost in self.own.files():
-            if lost or u > version:
+            if lost and path.name not in known_lost:
+                # lost after this checkpoint was written (the process died before writing the next): the
+                # checkpoint still counts the lost fork's groups as trained, so every one is retrained
+                self._retrain(self._read(path), path, force=True)
+            elif lost or u > version:
                 self._retrain(self._read(path), path)
             elif u in self.trained_at:
                 self.trained_at[u] = (self.trained_at[u][0], self._read(path))
@@ -116,10 +121,12 @@ class GroupLedger:
                 self.own.remove(path)
 
     def checkpoint_state(self) -> dict:
-        """What a checkpoint saves: trained ids, unconfirmed versions' ids, published hashes."""
+        """What a checkpoint saves: trained ids, unconfirmed versions' ids, published hashes, the files of lost
+        groups it knows of (their groups are not among the trained ids)."""
         return {"trained": [g for g, s in self.states.items() if s == TRAINED],
                 "tentative": {str(u): self.trained_at.get(u, ([], []))[0] for u in self.tentative},
-                "published": {str(k): v for k, v in self.published.items()}}
+                "published": {str(k): v for k, v in self.published.items()},
+                "lost_files": sorted(f.name for f in self.lost)}
 
     def checkpointed(self) -> None:
         """A checkpoint is on disk: files of lost groups now all trained can go."""
@@ -227,9 +234,11 @@ class GroupLedger:
             log.warning("could not read %s: %s", path, e)
             return []
 
-    def _retrain(self, groups: list[RolloutGroup], lost: Path | None) -> None:
-        """Train ``groups`` again, first and whatever their age; ``lost`` holds them on disk."""
-        groups = [g for g in groups if self.states.get(g.group_id) != TRAINED]
+    def _retrain(self, groups: list[RolloutGroup], lost: Path | None, force: bool = False) -> None:
+        """Train ``groups`` again, first and whatever their age; ``lost`` holds them on disk. Groups counted as
+        trained are left out, unless ``force`` (that count is of the history they were lost from)."""
+        if not force:
+            groups = [g for g in groups if self.states.get(g.group_id) != TRAINED]
         for g in groups:
             self.states[g.group_id] = PENDING
             self.buffer.seen.add(g.group_id)

@@ -487,6 +487,7 @@ class Learner:
         self.train_log.write(json.dumps({"version": got.version, "published": got.sha256, "groups": [],
                                          "loaded_from": peer}) + "\n")
         self.publish(got.weight)
+        self.checkpoint()  # on disk at once: a checkpoint of the lost history would count its groups as trained
         log.info("loaded v%d from learner %s", got.version, peer[-6:])
         return True
 

@@ -118,7 +118,8 @@ def test_state_header_and_checkpoint_include_unconfirmed_versions(tmp_path, ledg
     step(ledger, 2, [group("s/b", 1)], now=5.0)
     assert ledger.history() == ({"1": SHA[1], "2": SHA[2]}, ["s/a", "s/b"])  # the weights sent contain s/b
     saved = ledger.checkpoint_state()
-    assert saved == {"trained": ["s/a"], "tentative": {"2": ["s/b"]}, "published": {"1": SHA[1], "2": SHA[2]}}
+    assert saved == {"trained": ["s/a"], "tentative": {"2": ["s/b"]}, "published": {"1": SHA[1], "2": SHA[2]},
+                     "lost_files": []}
 
     again = GroupLedger(WINDOW, KEEP, OwnGroupFiles(tmp_path / "own_groups", Limits()))  # restart at v2
     again.restore(saved, 2, [log_line(0, []), log_line(1, [group("s/a", 0)]), log_line(2, [group("s/b", 1)])], now=50.0)
@@ -196,3 +197,32 @@ def test_the_churn_soak_sequence_a_history_acknowledged_alone_then_lost_is_retra
     assert not [f for f, _, is_lost in a.own.files() if is_lost] and not a.buffer.retrain
     assert set(a.states_of(lost).values()) == {"trained"}
     assert a.take_size(share, full) == share
+
+
+def test_a_restart_from_a_checkpoint_written_before_the_history_was_lost_retrains_its_groups(tmp_path):
+    """A second churn-soak sequence: learner A checkpoints v3 of its own fork (v2-v3 acknowledged), loads
+    another learner's v5 (its v2-v3 groups move to lost-* files) and is killed before it writes the next
+    checkpoint. Restarted from the checkpoint of the lost fork, which counts those groups as trained, it must
+    still retrain them: a lost file the checkpoint does not know of was lost after it."""
+    a = make_ledger(tmp_path)
+    step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
+    step(a, 2, [group("s/2", 1)], confirmed=True)
+    step(a, 3, [group("s/3", 2)], confirmed=True)
+    stale = a.checkpoint_state()
+    assert {"s/2", "s/3"} <= set(stale["trained"]) and stale["lost_files"] == []
+    theirs = {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 5: "d" * 64}
+    assert a.adopt(5, theirs, {"t/1", "s/1", "u/4"}) == 2
+    assert len([f for f, _, lost in a.own.files() if lost]) == 2
+    assert a.checkpoint_state()["lost_files"] == sorted(f.name for f in a.lost)  # what the next checkpoint says
+
+    again = make_ledger(tmp_path)  # killed before that checkpoint; the log was truncated to v1 by the load
+    again.restore(stale, 3, [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)])], now=0.0)
+    assert again.states_of(["s/1", "s/2", "s/3"]) == {"s/1": "trained", "s/2": "pending", "s/3": "pending"}
+    assert sorted(again.buffer.retrain) == ["s/2", "s/3"] and again.counts["sync/groups_requeued"] == 2
+    again.checkpointed()
+    assert len([f for f, _, lost in again.own.files() if lost]) == 2  # kept until retrained
+
+    known = make_ledger(tmp_path)  # a checkpoint that knows the lost files: its counts stand
+    saved = dict(stale, trained=["s/1", "t/1", "s/3"], lost_files=sorted(f.name for f, _, lost in again.own.files() if lost))
+    known.restore(saved, 3, [], now=0.0)
+    assert sorted(known.buffer.retrain) == ["s/2"]  # s/3 was retrained and checkpointed before the crash
