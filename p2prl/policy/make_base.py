@@ -3,7 +3,8 @@
 A tiny Qwen2 causal LM with a character-level tokenizer, trained from a fixed seed by
 supervised learning on the training split of an addition task (``--task addition``, the
 default, builds p2prl/assets/base; ``--task addition-scratchpad`` builds
-p2prl/assets/addition-scratchpad, whose completions work the sum column by column). The
+p2prl/assets/addition-scratchpad, whose completions work the sum column by column; ``--task
+math`` builds the word-problem chat model, p2prl/assets/math-base: ``p2prl.policy.math_base``). The
 base policy is deliberately flawed so that RL has room to show: in its supervised data
 each carry is dropped with probability ``carry_drop`` (a systematic error, like a model
 that has only half learned to carry). RL with the verifiable reward must discover that
@@ -86,8 +87,17 @@ def flawed_completion(task: AdditionTask, a: int, b: int, carry_drop: float, rng
 
 
 def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    if "--task" in argv and argv[argv.index("--task") + 1 :][:1] == ["math"]:  # its own builder and options
+        from p2prl.policy import math_base
+
+        i = argv.index("--task")
+        return math_base.main(argv[:i] + argv[i + 2 :])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", choices=sorted(TASKS), default="addition")
+    ap.add_argument("--task", choices=[*sorted(TASKS), "math"], default="addition",
+                    help="math: the word-problem chat model (see --task math --help)")
     ap.add_argument("--out", type=Path, default=None, help="default: p2prl/assets/base (addition), "
                     "p2prl/assets/addition-scratchpad (addition-scratchpad)")
     ap.add_argument("--seed", type=int, default=0)

@@ -75,7 +75,9 @@ def training_text() -> list[str]:
     return texts + COVERAGE + words + ["<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"]
 
 
-def build_tokenizer(vocab_size: int):
+def build_tokenizer(vocab_size: int, texts: list[str] | None = None):
+    """A byte-level BPE tokenizer of at most ``vocab_size`` tokens learned from ``texts`` (default:
+    ``training_text()``), with ChatML's special tokens and chat template."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -88,7 +90,7 @@ def build_tokenizer(vocab_size: int):
     tk.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=1, special_tokens=SPECIALS,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    tk.train_from_iterator(training_text(), trainer=trainer)
+    tk.train_from_iterator(texts or training_text(), trainer=trainer)
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token="<|im_end|>", pad_token="<|endoftext|>",
                                   additional_special_tokens=SPECIALS[1:], model_max_length=2048)
     tok.chat_template = CHAT_TEMPLATE

@@ -18,12 +18,18 @@ from p2prl.config import ModelConfig
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL = ASSETS / "base"
-BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSETS / "addition-scratchpad"}
+MATH_MODEL = ASSETS / "math-base"  # python -m p2prl.policy.make_base --task math
+BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSETS / "addition-scratchpad",
+                  "builtin:math": MATH_MODEL}
 
 
 def model_folder(path: str | Path) -> Path:
     """The folder ``model.path`` names: a shipped base (``builtin``: the addition task's;
-    ``builtin:addition-scratchpad``: the scratchpad task's) or a local folder."""
+    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems')
+    or a local folder. A ``builtin:`` name that is none of these is refused with the list."""
+    if str(path).startswith("builtin:") and str(path) not in BUILTIN_MODELS:
+        raise PolicyLoadError(f"model.path={str(path)!r}: no such shipped model; the shipped ones are "
+                              + ", ".join(repr(k) for k in BUILTIN_MODELS))
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
 
@@ -95,11 +101,14 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     dtype = DTYPES[settings.dtype] if settings else torch.float32
     hf_logging.disable_progress_bar()
     folder = model_folder(path)
+    if folder == MATH_MODEL and not (folder / "config.json").is_file():
+        raise PolicyLoadError(f"model.path={str(path)!r}: the math base is not built in this checkout ({folder}); "
+                              "build it with: python -m p2prl.policy.make_base --task math")
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"model folder {folder} has no config.json; pass a local Hugging Face model "
-            "folder (containing config.json, weights and tokenizer files), 'builtin' or "
-            "'builtin:addition-scratchpad'"
+            "folder (containing config.json, weights and tokenizer files) or a shipped one: "
+            + ", ".join(repr(k) for k in BUILTIN_MODELS)
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)

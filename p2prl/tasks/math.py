@@ -35,11 +35,13 @@ from pathlib import Path
 
 from p2prl.config import TaskConfig
 from p2prl.launch.procs import exit_with_parent
+from p2prl.tasks import word_problems
 from p2prl.tasks.base import Problem, Task, TaskError
 
 SAMPLE = Path(__file__).resolve().parent.parent / "assets" / "math" / "sample.jsonl"
 WORKER_START_TIMEOUT_S = 120.0  # importing sympy on a loaded machine; not part of any check's budget
 MAX_WORKERS = 4
+BUILTIN_SETS = {"builtin:word-problems": lambda: word_problems.rows()}  # task.path -> rows, generated
 PARENT_ENV = "P2PRL_REWARD_PARENT"  # a worker's parent pid: it exits once that process is gone
 
 log = logging.getLogger("p2prl")
@@ -64,12 +66,23 @@ class MathTask(Task):
         if importlib.util.find_spec("math_verify") is None:
             raise TaskError("task.name='math' needs the math-verify package: pip install math-verify")
         if not cfg.path:
-            raise TaskError("task.name='math' needs task.path: a local JSONL or Parquet file ('builtin' = the shipped sample)")
-        path = SAMPLE if cfg.path == "builtin" else Path(cfg.path).expanduser()
-        if not path.is_file():
-            raise TaskError(f"task.path: no such file {path}")
-        data = path.read_bytes()
-        rows = _parquet_rows(path) if path.suffix.lower() in (".parquet", ".pq") else _jsonl_rows(path, data)
+            raise TaskError("task.name='math' needs task.path: a local JSONL or Parquet file ('builtin' = the shipped "
+                            "sample, 'builtin:word-problems' = generated grade-school word problems)")
+        if cfg.path.startswith("builtin:"):
+            if cfg.path not in BUILTIN_SETS:
+                raise TaskError(f"task.path={cfg.path!r}: no such built-in problem set; the built-in ones are "
+                                + ", ".join(repr(k) for k in ("builtin", *BUILTIN_SETS)))
+            path = Path(cfg.path)
+            rows_of_set = BUILTIN_SETS[cfg.path]()
+            data = json.dumps(rows_of_set).encode()  # the fingerprint's hash: the generated rows themselves
+            rows = ((f"problem {r['id']}", r) for r in rows_of_set)
+            cfg = cfg.model_copy(update={"id_field": "id", "question_field": "question", "answer_field": "answer"})
+        else:
+            path = SAMPLE if cfg.path == "builtin" else Path(cfg.path).expanduser()
+            if not path.is_file():
+                raise TaskError(f"task.path: no such file {path}")
+            data = path.read_bytes()
+            rows = _parquet_rows(path) if path.suffix.lower() in (".parquet", ".pq") else _jsonl_rows(path, data)
         train, held = [], []
         for where, row in rows:
             question = _text(row, cfg.question_field, path, where)
@@ -95,6 +108,10 @@ class MathTask(Task):
             raise ValueError(f"prompt_id must be >= 0, got {prompt_id}")
         p = self._train[self._order[prompt_id % len(self._train)]]
         return Problem(prompt_id, p.prompt, p.answer)
+
+    def training_problems(self) -> list[Problem]:
+        """Every training problem, in file order."""
+        return list(self._train)
 
     def heldout(self, n: int) -> list[Problem]:
         """The first ``n`` held-out problems in file order (fewer if the file has fewer)."""
