@@ -239,6 +239,9 @@ class GroupLedger:
         trained are left out, unless ``force`` (that count is of the history they were lost from)."""
         if not force:
             groups = [g for g in groups if self.states.get(g.group_id) != TRAINED]
+        lost_ids = {g.group_id for g in groups}  # the file holds them until they are trained, whoever queued them
+        # a group already queued (two lost files hold it: lost, retrained, lost again) is queued once
+        groups = [g for g in groups if g.group_id not in self.buffer.retrain]
         for g in groups:
             self.states[g.group_id] = PENDING
             self.buffer.seen.add(g.group_id)
@@ -247,4 +250,4 @@ class GroupLedger:
         if lost is not None:
             if not lost.name.startswith("lost-"):
                 lost = self.own.lose(int(lost.stem))
-            self.lost[lost] = {g.group_id for g in groups}
+            self.lost[lost] = lost_ids

@@ -121,8 +121,9 @@ class AdmissionBuffer:
             self.retrain.update(g.group_id for g in groups)
         elif self.rule == "authors":
             self.newest_trained = self._trained_before_pick
-        again = [g for g in groups if g.group_id in self.retrain]
-        self.first.extend(again)
+        queued = {g.group_id for g in self.first}
+        again = [g for g in groups if g.group_id in self.retrain and g.group_id not in queued]
+        self.first.extend({g.group_id: g for g in again}.values())  # never one group twice: it would be trained twice
         rest = [g for g in groups if g.group_id not in self.retrain]
         if rest:
             self.pending.extend(rest)

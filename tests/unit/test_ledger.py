@@ -226,3 +226,27 @@ def test_a_restart_from_a_checkpoint_written_before_the_history_was_lost_retrain
     saved = dict(stale, trained=["s/1", "t/1", "s/3"], lost_files=sorted(f.name for f, _, lost in again.own.files() if lost))
     known.restore(saved, 3, [], now=0.0)
     assert sorted(known.buffer.retrain) == ["s/2"]  # s/3 was retrained and checkpointed before the crash
+
+
+def test_a_group_two_lost_files_hold_is_queued_once(tmp_path):
+    """A third churn-soak sequence: a group lost at v2, retrained at v4, lost again: two lost files hold it. A
+    restart must queue it once; queued twice, a batch held it twice and every round with another learner failed
+    as duplicate_groups (the learner kept the group it held twice), which stalled the whole run."""
+    a = make_ledger(tmp_path)
+    step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
+    step(a, 2, [group("s/x", 1), group("s/y", 1)], confirmed=True)
+    assert a.adopt(3, {1: SHA[1], 2: "f" * 64, 3: "e" * 64}, {"t/1", "s/1"}) == 2
+    step(a, 4, a.buffer.select(a.take_size(1, 4), 4), confirmed=True)  # retrained
+    assert a.adopt(5, {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 4: "d" * 64, 5: "c" * 64}, {"t/1", "s/1"}) == 4
+    assert len([f for f, _, lost in a.own.files() if lost]) == 2 and len(a.buffer.first) == 2
+
+    again = make_ledger(tmp_path)  # restarted from a checkpoint that knows neither file
+    again.restore({"trained": ["s/1", "t/1"], "published": {"1": SHA[1]}}, 1, [], now=0.0)
+    assert ids(again.buffer.first) == ["s/x", "s/y"] and again.counts["sync/groups_requeued"] == 2
+    batch = again.buffer.select(again.take_size(1, 4), 5)
+    assert ids(batch) == ["s/x", "s/y"]
+    again.buffer.requeue(batch + batch[:1])  # a failed round puts a batch back: still once each
+    assert ids(again.buffer.first) == ["s/x", "s/y"]
+    step(again, 2, again.buffer.select(2, 5), others=["t/2"], confirmed=True)
+    again.checkpointed()
+    assert not [f for f, _, lost in again.own.files() if lost]  # both files go once their groups are trained
