@@ -1,9 +1,9 @@
-"""Group-relative advantages (GEPO_SPEC.md, section "Advantages").
+"""Group-relative advantages (as in GRPO; GEPO, arXiv 2508.17850, drops the std scaling).
 
     A_i = r_i - mean_{j in group(i)} r_j
     A_i = A_i / (std_{j in group(i)} r_j + 1e-4)      only if scale_std
 
-Defaults per the spec: GRPO and GSPO scale by the group std, GEPO does not
+Defaults as in the papers: GRPO and GSPO scale by the group std, GEPO does not
 (the paper strikes the std term). The caller picks ``scale_std``; this module
 has no per-algorithm defaults.
 

@@ -1,4 +1,4 @@
-"""GRPO, GSPO and GEPO policy losses (GEPO_SPEC.md, section "Losses").
+"""GRPO, GSPO and GEPO policy losses (GEPO: arXiv 2508.17850, the group expectation importance weight).
 
 All three are minimised, take per-token log-probs of the learner ``p``
 (``logp``, carries grad) and of the sampler ``q`` (``logq``, constant; it is
