@@ -86,6 +86,18 @@ def flawed_completion(task: AdditionTask, a: int, b: int, carry_drop: float, rng
     return noisy_sum(a, b, carry_drop, rng)
 
 
+def supervised_step(model, opt, sched, ids: torch.Tensor, labels: torch.Tensor, attention_mask=None) -> float:
+    """One next-token cross-entropy step on the positions ``labels`` marks (-100 elsewhere); the loss."""
+    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
+
+
 def main(argv: list[str] | None = None) -> None:
     import sys
 
@@ -137,15 +149,9 @@ def main(argv: list[str] | None = None) -> None:
             ids[i, : len(e)] = torch.tensor(e)
             n_prompt = len(p.prompt)
             labels[i, n_prompt : len(e)] = torch.tensor(e[n_prompt:])
-        logits = model(input_ids=ids).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = supervised_step(model, opt, sched, ids, labels)
         if step % 250 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss.item():.4f}", flush=True)
+            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
     cpu_s = time.process_time() - started
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)

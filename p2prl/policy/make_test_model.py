@@ -97,19 +97,22 @@ def build_tokenizer(vocab_size: int, texts: list[str] | None = None):
     return tok
 
 
-def build_model(tok, seed: int, hidden: int, layers: int):
+def build_model(tok, seed: int, hidden: int, layers: int, head_dim: int = 64, max_positions: int = 2048,
+                dtype: torch.dtype = torch.bfloat16):
+    """A Qwen2 causal LM with random weights from ``seed``: ``hidden // head_dim`` heads, grouped-query attention
+    (half as many key/value heads), embedding rows padded to a multiple of 128 past the tokenizer."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    heads = hidden // 64
+    heads = hidden // head_dim
     cfg = Qwen2Config(
         vocab_size=-(-len(tok) // 128) * 128,  # embedding rows padded past the tokenizer, as real models do
         hidden_size=hidden,
-        intermediate_size=hidden * 8 // 3 // 64 * 64,
+        intermediate_size=max(64, hidden * 8 // 3 // 64 * 64),
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=max(1, heads // 2),
-        head_dim=64,
-        max_position_embeddings=2048,
+        head_dim=head_dim,
+        max_position_embeddings=max_positions,
         rope_theta=1_000_000.0,
         tie_word_embeddings=True,
         bos_token_id=None,
@@ -117,7 +120,7 @@ def build_model(tok, seed: int, hidden: int, layers: int):
         pad_token_id=tok.pad_token_id,
     )
     torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg).to(torch.bfloat16)
+    return Qwen2ForCausalLM(cfg).to(dtype)
 
 
 def make_test_model(out: Path, seed: int = 0, vocab_size: int = 4096, hidden: int = 256, layers: int = 4) -> Path:

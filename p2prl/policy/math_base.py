@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from p2prl.config import TaskConfig
-from p2prl.policy.make_test_model import build_tokenizer
+from p2prl.policy.make_base import supervised_step
+from p2prl.policy.make_test_model import build_model, build_tokenizer
 from p2prl.policy.model import MATH_MODEL
 from p2prl.tasks import make_task, render_prompt
 from p2prl.tasks import word_problems as wp
@@ -39,35 +39,12 @@ def corpus(n: int = 4000) -> list[str]:
     return texts
 
 
-def build_model(tok, seed: int, hidden: int, layers: int):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    heads = hidden // 32
-    cfg = Qwen2Config(
-        vocab_size=-(-len(tok) // 64) * 64,
-        hidden_size=hidden,
-        intermediate_size=3 * hidden,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 2),
-        head_dim=32,
-        max_position_embeddings=512,
-        rope_theta=10_000.0,
-        tie_word_embeddings=True,
-        bos_token_id=None,
-        eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(seed)
-    return Qwen2ForCausalLM(cfg)
-
-
 def build(out: Path, *, seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 1024, steps: int = 3000,
           batch: int = 32, lr: float = 2e-3, drop: float = 0.5, eval_n: int = 256, log=print) -> dict:
     """Train and write the base to ``out``; returns its size, the time taken and its greedy held-out accuracy."""
     started, cpu0 = time.time(), time.process_time()
     tok = build_tokenizer(vocab, corpus())
-    model = build_model(tok, seed, hidden, layers)
+    model = build_model(tok, seed, hidden, layers, head_dim=32, max_positions=512, dtype=torch.float32)
     task = make_task(TASK)
     by_question = {}
     for i in range(wp.COUNT):
@@ -89,15 +66,9 @@ def build(out: Path, *, seed: int = 0, hidden: int = 128, layers: int = 4, vocab
         for i, (a, b) in enumerate(seqs):
             ids[i, : len(a) + len(b)] = torch.tensor(a + b)
             labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
-        logits = model(input_ids=ids, attention_mask=(labels != -100) | (ids != tok.pad_token_id)).logits[:, :-1]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-        opt.zero_grad()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
+        loss = supervised_step(model, opt, sched, ids, labels, (labels != -100) | (ids != tok.pad_token_id))
         if step % 100 == 0 or step == steps - 1:
-            log(f"step {step:5d}  loss {loss.item():.4f}  ({time.time() - started:.0f} s)")
+            log(f"step {step:5d}  loss {loss:.4f}  ({time.time() - started:.0f} s)")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out, save_jinja_files=False)
