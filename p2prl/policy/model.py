@@ -28,7 +28,7 @@ def model_folder(path: str | Path) -> Path:
     ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems')
     or a local folder. A ``builtin:`` name that is none of these is refused with the list."""
     if str(path).startswith("builtin:") and str(path) not in BUILTIN_MODELS:
-        raise PolicyLoadError(f"model.path={str(path)!r}: no such shipped model; the shipped ones are "
+        raise PolicyLoadError(f"model.path={str(path)!r}: no such built-in model; the built-in ones are "
                               + ", ".join(repr(k) for k in BUILTIN_MODELS))
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
