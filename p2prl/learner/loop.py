@@ -295,26 +295,29 @@ class Learner:
         parent = self.latest.sha256
         with self.lock:
             self.lags.update(self.core.version - g.policy_version for g in batch)
+        # one unit for a `state` snapshot (step_lock): the new weights together with their groups in the ledger
+        # (a snapshot between the two once sent v with the groups of v-1 only, and its taker trained v's again)
         with self.step_lock:
             r.metrics.update(self.core.apply(r.grad))
+            v = self.core.version
+            weights_blob, sha = serialize_weights(self.core.policy.model)
+            # on disk before anyone hears of v: every published version has its training-log line and own groups
+            with self.lock:  # own groups of a lost history, retrained outside the window by design
+                retrained = [g.group_id for g in batch if g.group_id in self.buffer.retrain]
+            try:
+                self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent,
+                                                 "learners": r.learners, "samples": r.weight, "own": len(batch),
+                                                 "groups": r.tags, "retrained": retrained}) + "\n")
+                self.ledger.own.write(v, batch)
+            except OSError as e:  # a full disk: stop here, before anyone hears of v
+                raise disk_error(self.out, e, f"the training log and own groups of v{v}") from e
+            # alone: confirmed at once only once we have been around long enough to have heard of the others
+            settled_in = time.time() - self.started > 2 * self.node.ttl
+            confirmed = r.learners > 1 or (not self.membership.known and settled_in)
+            with self.lock:
+                self.ledger.record(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
             self.epoch += 1
-        v, self.version_since, self.missed = self.core.version, time.time(), 0
-        weights_blob, sha = serialize_weights(self.core.policy.model)
-        # on disk before anyone hears of v: every published version has its training-log line and own groups
-        with self.lock:  # own groups of a lost history, retrained outside the window by design
-            retrained = [g.group_id for g in batch if g.group_id in self.buffer.retrain]
-        try:
-            self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent, "learners": r.learners,
-                                             "samples": r.weight, "own": len(batch), "groups": r.tags,
-                                             "retrained": retrained}) + "\n")
-            self.ledger.own.write(v, batch)
-        except OSError as e:  # a full disk: stop here, before anyone hears of v
-            raise disk_error(self.out, e, f"the training log and own groups of v{v}") from e
-        # alone: confirmed at once only once we have been around long enough to have heard of the others
-        settled_in = time.time() - self.started > 2 * self.node.ttl
-        confirmed = r.learners > 1 or (not self.membership.known and settled_in)
-        with self.lock:
-            self.ledger.record(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
+        self.version_since, self.missed = time.time(), 0
         if v % t.eval_every == 0 or v == t.steps:
             self.acc = r.metrics["eval/heldout_acc"] = self.evaluate()
             self.best = max(self.best, self.acc)
@@ -472,17 +475,17 @@ class Learner:
         peer, rec = target
         try:
             got = self.sync.fetch(peer, rec)
-            with self.step_lock:
+            with self.step_lock:  # the weights and the history they come with, as one unit for `state` snapshots
                 self.core.load_state(got.weights, got.optimizer, got.version)
+                with self.lock:
+                    diverged = self.ledger.adopt(got.version, got.published, set(got.trained))
+                    self.counts["sync/loaded"] += 1
                 self.epoch += 1
         except Exception as e:
             with self.lock:
                 self.counts["sync/failed"] += 1
             log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
             return False
-        with self.lock:
-            diverged = self.ledger.adopt(got.version, got.published, set(got.trained))
-            self.counts["sync/loaded"] += 1
         truncate_log(self.out / "train_log.jsonl", diverged - 1)
         self.train_log.write(json.dumps({"version": got.version, "published": got.sha256, "groups": [],
                                          "loaded_from": peer}) + "\n")
