@@ -37,9 +37,11 @@ def test_two_samplers_one_learner(peers, tmp_path):
         lines = read_jsonl(out / "train_log.jsonl")
         trained_by = {gid.split("/")[0] for l in lines for gid, _, _ in l["groups"]}
         loaded = [peers.log(name).count("verified)") for name in ("s0", "s1")]  # versions each sampler took up
-        return len(lines) > 6 and len(trained_by) == 2 and min(loaded) >= 2
+        newer = any(v > 0 for l in lines for _, v, _ in l["groups"])  # a group made with a newer version, trained
+        return len(lines) > 6 and len(trained_by) == 2 and min(loaded) >= 2 and newer
 
-    wait_for(progressed, 240, "6 versions, groups of both samplers trained, both samplers on a newer version")
+    wait_for(progressed, 240, "6 versions, groups of both samplers trained, both samplers on a newer version, "
+                              "a group of a newer version trained")
     assert peers.stop("learner") == 0, peers.log("learner")
     summary = last_json(peers.log("learner"))
     lines, ids = check_log(out)
