@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 import os
@@ -100,35 +101,28 @@ def wait_for_peers_file(path: str, timeout_s: float, stop: threading.Event | Non
             raise BootstrapError(f"stopped while waiting for net.initial_peers_file {path!r}")
 
 
-_OWNED_DHT = None
-
-
+@functools.cache
 def _owned_dht_class():
     """hivemind's DHT whose process (and the p2pd it starts) ends when the peer that started it dies by any
     signal: a crashed or SIGKILLed volunteer's helpers must not outlive it and hold its ports."""
-    global _OWNED_DHT
-    if _OWNED_DHT is None:
-        import hivemind
+    import hivemind
 
-        from p2prl.launch.procs import exit_with_parent
+    from p2prl.launch.procs import exit_with_parent
 
-        class OwnedDHT(hivemind.DHT):
-            def __init__(self, *args, **kwargs):
-                self._owner = os.getpid()  # before the base class starts the process
-                super().__init__(*args, **kwargs)
+    class OwnedDHT(hivemind.DHT):
+        def __init__(self, *args, **kwargs):
+            self._owner = os.getpid()  # before the base class starts the process
+            super().__init__(*args, **kwargs)
 
-            def run(self) -> None:  # in the DHT's own process
-                exit_with_parent(self._owner)
-                super().run()
+        def run(self) -> None:  # in the DHT's own process
+            exit_with_parent(self._owner)
+            super().run()
 
-        _OWNED_DHT = OwnedDHT
-    return _OWNED_DHT
+    return OwnedDHT
 
 
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):
     """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` with what to check."""
-    import hivemind
-
     if initial_peers:
         for maddr in initial_peers:
             if "/p2p/" not in maddr:
