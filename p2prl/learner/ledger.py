@@ -235,10 +235,12 @@ class GroupLedger:
             return []
 
     def _retrain(self, groups: list[RolloutGroup], lost: Path | None, force: bool = False) -> None:
-        """Train ``groups`` again, first and whatever their age; ``lost`` holds them on disk. Groups counted as
-        trained are left out, unless ``force`` (that count is of the history they were lost from)."""
+        """Train ``groups`` again, first and whatever their age; ``lost`` holds them on disk. Groups of the history
+        these weights hold (counted as trained, or in a version not yet confirmed) are left out, unless ``force``
+        (that count is of the history they were lost from)."""
         if not force:
-            groups = [g for g in groups if self.states.get(g.group_id) != TRAINED]
+            unconfirmed = {gid for u in self.tentative for gid in self.trained_at.get(u, ([], []))[0]}
+            groups = [g for g in groups if self.states.get(g.group_id) != TRAINED and g.group_id not in unconfirmed]
         lost_ids = {g.group_id for g in groups}  # the file holds them until they are trained, whoever queued them
         # a group already queued (two lost files hold it: lost, retrained, lost again) is queued once
         groups = [g for g in groups if g.group_id not in self.buffer.retrain]

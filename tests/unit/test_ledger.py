@@ -250,3 +250,36 @@ def test_a_group_two_lost_files_hold_is_queued_once(tmp_path):
     step(again, 2, again.buffer.select(2, 5), others=["t/2"], confirmed=True)
     again.checkpointed()
     assert not [f for f, _, lost in again.own.files() if lost]  # both files go once their groups are trained
+
+
+def test_a_restart_does_not_retrain_lost_groups_already_retrained_in_an_unconfirmed_checkpointed_version(tmp_path):
+    """A fourth churn-soak sequence: learner A loads B's state (its own v2 is lost to a lost-* file), retrains
+    the lost groups alone at v4 while it knows of B (v4 stays unconfirmed), checkpoints v4 (which knows the lost
+    file: it is kept until v4 is confirmed) and is killed. Restarted from that checkpoint, whose weights hold
+    v4, it must not queue the lost file's groups again: it did, trained them at v5 a second time."""
+    a = make_ledger(tmp_path)
+    step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
+    step(a, 2, [group("s/x", 1), group("s/y", 1)], confirmed=True)
+    assert a.adopt(3, {1: SHA[1], 2: "f" * 64, 3: "e" * 64}, {"t/1", "s/1", "t/3"}) == 2
+    retrained = a.buffer.select(a.take_size(1, 4), 3)
+    assert ids(retrained) == ["s/x", "s/y"]
+    step(a, 4, retrained, confirmed=False, now=5.0)  # alone, knowing of B: tentative
+    a.checkpointed()
+    assert len([f for f, _, lost in a.own.files() if lost]) == 1  # kept until v4 stands
+    saved = a.checkpoint_state()
+    assert saved["tentative"] == {"4": ["s/x", "s/y"]} and saved["lost_files"]
+
+    again = make_ledger(tmp_path)  # killed; restarts from the checkpoint at v4
+    again.restore(saved, 4, [log_line(4, retrained)], now=10.0)
+    assert not again.buffer.first and again.counts["sync/groups_requeued"] == 0
+    assert again.states_of(["s/x", "s/y"]) == {"s/x": "pending", "s/y": "pending"}  # until v4 is confirmed
+    again.settle(4)
+    again.checkpointed()
+    assert again.states_of(["s/x", "s/y"]) == {"s/x": "trained", "s/y": "trained"}
+    assert not [f for f, _, lost in again.own.files() if lost]
+
+    lost_again = make_ledger(tmp_path / "b")  # the same start, but v4 is lost after the restart: retrained once more
+    lost_again.own = again.own  # (same files)
+    lost_again.restore(saved, 4, [log_line(4, retrained)], now=10.0)
+    assert lost_again.adopt(5, {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 4: "a" * 64, 5: "b" * 64}, {"t/1", "s/1", "t/3"}) == 4
+    assert sorted(lost_again.buffer.retrain) == ["s/x", "s/y"]
