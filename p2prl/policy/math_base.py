@@ -1,14 +1,21 @@
 """Build the shipped math base: ``python -m p2prl.policy.make_base --task math [--out DIR]``.
 
-A small Qwen2 chat model (byte-level BPE tokenizer trained here on the generated problems,
-ChatML template, head_dim 32 so that vLLM's CPU attention runs it) pre-trained from a fixed
-seed by supervised learning on the training split of the built-in word problems
-(``task.path = "builtin:word-problems"``, ``p2prl/tasks/word_problems.py``): each prompt is
-rendered exactly as the math task renders it (chat template, default system prompt) and the
-loss is on the worked solution. The supervised solutions carry a planted flaw: each carry and
-borrow is dropped with probability ``--drop`` and the wrong value is carried into the later
-steps, so the base has only half learned to carry and RL with math-verify's reward has room to
-teach it. ``model.path = "builtin:math"`` loads the result (``p2prl/assets/math-base``).
+A small Qwen2 chat model (byte-level BPE tokenizer trained here on the generated problems, digits
+one token each as in Qwen's tokenizers, ChatML template, head_dim 32 so that vLLM's CPU attention
+runs it) pre-trained from a fixed seed by supervised learning on the training split of the
+built-in word problems (``task.path = "builtin:word-problems"``, ``p2prl/tasks/word_problems.py``):
+each prompt is rendered exactly as the math task renders it (chat template, default system prompt)
+and the loss is on the worked solution. The supervised solutions carry a planted flaw: each carry
+and borrow into the next column is dropped with probability ``--drop`` (0.75) and the wrong value
+is carried into the later steps, so that greedy decoding drops every carry while sampling keeps
+one about a quarter of the time: RL with math-verify's reward has room and a signal to teach it.
+``model.path = "builtin:math"`` loads the result (``p2prl/assets/math-base``).
+
+The shipped base (the defaults: hidden 128, 4 layers, vocabulary 1,024, 3,000 steps of 32
+solutions, seed 0): 772,224 parameters (3.1 MB of float32 safetensors); the build took 22 minutes
+of wall time and 34 minutes of CPU on 2 cores (about 0.3 s a step on an idle machine; part of it ran
+beside other work). Greedy held-out accuracy 0.297 on 256 problems: 0.93 on those that need no carry
+or borrow, 0.01 on those that need one.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ def corpus(n: int = 4000) -> list[str]:
 
 
 def build(out: Path, *, seed: int = 0, hidden: int = 128, layers: int = 4, vocab: int = 1024, steps: int = 3000,
-          batch: int = 32, lr: float = 2e-3, drop: float = 0.5, eval_n: int = 256, log=print) -> dict:
+          batch: int = 32, lr: float = 2e-3, drop: float = 0.75, eval_n: int = 256, log=print) -> dict:
     """Train and write the base to ``out``; returns its size, the time taken and its greedy held-out accuracy."""
     started, cpu0 = time.time(), time.process_time()
     tok = build_tokenizer(vocab, corpus())
@@ -91,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--drop", type=float, default=0.5, help="probability of dropping each carry or borrow")
+    ap.add_argument("--drop", type=float, default=0.75, help="probability of dropping each carry or borrow")
     args = ap.parse_args(argv)
     if args.hidden % 32:
         ap.error("--hidden must be a multiple of 32")

@@ -3,16 +3,19 @@
 Each problem comes from one of several templates (the four operations; two- and three-step
 problems; quantities with units; problems with a distractor number that plays no part) filled
 from a seeded generator, so problem ``i`` is the same everywhere. Its reference solution is a
-short worked computation, one line a step, ending in ``\\boxed{answer}``: the text a model is
-taught by supervised learning before RL (``p2prl.policy.make_base --task math``), and whose
-answer math-verify checks. Numbers stay small (sums and differences below 1,000, products of a
-one-digit and an at most two-digit number, exact quotients) so that a model of a few million
-parameters can compute them digit by digit.
+short worked computation, one line a step, each written out column by column as a pupil does
+(``Total: 347 + 85 (7+5+0=12, 4+8+1=13, 3+0+1=4) = 432.``: digit, digit, carry in), ending in
+``\\boxed{answer}`` (40 to 110 tokens with the math base's tokenizer, 64 on average): the text a
+model is taught by supervised learning before RL (``p2prl.policy.make_base --task math``), and
+whose answer math-verify checks. Numbers stay small (sums and differences below 1,000, products
+of a one-digit and an at most two-digit number, exact quotients) so that a model of under a
+million parameters can compute them one column at a time.
 
 ``flawed`` writes the same solution with each carry (in a sum or a product) and each borrow
-(in a difference) dropped with a given probability, and carries the wrong value into the later
-steps: the systematic error planted in the supervised data of the shipped math base, which RL
-with the verifiable reward has to unlearn.
+(in a difference) into the next column dropped with a given probability (the column then shows
+``+0`` or ``-0``), and carries the wrong value into the later steps: the systematic error planted
+in the supervised data of the shipped math base, which RL with the verifiable reward has to
+unlearn. About 31% of the problems need no carry or borrow at all.
 """
 
 from __future__ import annotations
@@ -37,46 +40,70 @@ class WordProblem:
     answer: int
 
 
-def _sum(a: int, b: int, drop: Callable[[], bool]) -> int:
-    out, carry, place = 0, 0, 1
-    while a or b or carry:
-        s = a % 10 + b % 10 + carry
+def _sum(a: int, b: int, drop: Callable[[], bool]) -> tuple[int, list[str]]:
+    out, carry, place, cols = 0, 0, 1, []
+    while a or b or not cols:
+        x, y = a % 10, b % 10
+        s = x + y + carry
+        cols.append(f"{x}+{y}+{carry}={s}")
         out += s % 10 * place
-        carry = s // 10 if not drop() else 0
         a, b, place = a // 10, b // 10, place * 10
-    return out
+        carry = s // 10 if s < 10 or not (a or b) or not drop() else 0
+    return out + carry * place, cols
 
 
-def _difference(a: int, b: int, drop: Callable[[], bool]) -> int:
-    out, borrow, place = 0, 0, 1
-    while a or b:
-        d = a % 10 - b % 10 - borrow
-        borrow = 1 if d < 0 and not drop() else 0
-        out += d % 10 * place
+def _difference(a: int, b: int, drop: Callable[[], bool]) -> tuple[int, list[str]]:
+    out, borrow, place, cols = 0, 0, 1, []
+    while a or b or not cols:
+        x, y = a % 10, b % 10
+        short = x - y - borrow < 0
+        top = x + 10 * short
+        cols.append(f"{top}-{y}-{borrow}={top - y - borrow}")
+        out += (top - y - borrow) * place
+        borrow = 1 if short and not drop() else 0
         a, b, place = a // 10, b // 10, place * 10
-    return out
+    return out, cols
 
 
-def _product(a: int, k: int, drop: Callable[[], bool]) -> int:
+def _product(a: int, k: int, drop: Callable[[], bool]) -> tuple[int, list[str]]:
     """``a`` times the one-digit ``k``, digit by digit."""
-    out, carry, place = 0, 0, 1
-    while a or carry:
-        p = a % 10 * k + carry
+    out, carry, place, cols = 0, 0, 1, []
+    while a or not cols:
+        x = a % 10
+        p = x * k + carry
+        cols.append(f"{x}×{k}+{carry}={p}")
         out += p % 10 * place
-        carry = p // 10 if not drop() else 0
         a, place = a // 10, place * 10
-    return out
+        carry = p // 10 if p < 10 or not a or not drop() else 0
+    return out + carry * place, cols
 
 
-def compute(a: int, op: str, b: int, drop: Callable[[], bool] = lambda: False) -> int:
-    """``a op b`` as a pupil writes it down; ``drop()`` True forgets one carry or borrow."""
+def _quotient(a: int, k: int) -> tuple[int, list[str]]:
+    """``a`` divided by the one-digit ``k`` (exactly), long division from the left."""
+    out, rest, cols = 0, 0, []
+    for d in str(a):
+        cur = rest * 10 + int(d)
+        cols.append(f"{cur}÷{k}={cur // k} r{cur % k}")
+        out, rest = out * 10 + cur // k, cur % k
+    return out, cols
+
+
+def work(a: int, op: str, b: int, drop: Callable[[], bool] = lambda: False) -> tuple[int, list[str]]:
+    """``a op b`` as a pupil writes it down, one column at a time from the ones (from the left for ``÷``): the
+    result and the columns; ``drop()`` True forgets the carry or borrow just made into the next column (it is asked
+    once for each; a carry out of the last column is always written)."""
     if op == "+":
         return _sum(a, b, drop)
     if op == "-":
         return _difference(a, b, drop)
     if op == "×":
         return _product(a, b, drop) if b < 10 else _product(b, a, drop)
-    return a // b  # "÷": exact, by construction
+    return _quotient(a, b)  # "÷": exact, by construction
+
+
+def compute(a: int, op: str, b: int, drop: Callable[[], bool] = lambda: False) -> int:
+    """The result of ``work``."""
+    return work(a, op, b, drop)[0]
 
 
 def problem(i: int, seed: int = 0) -> WordProblem:
@@ -141,8 +168,8 @@ def _evaluate(steps, drop: Callable[[], bool] = lambda: False) -> tuple[list[str
     lines, value = [], 0
     for label, a, op, b in steps:
         a, b = (value if a is None else a), (value if b is None else b)
-        value = compute(a, op, b, drop)
-        lines.append(f"{label}: {a} {op} {b} = {value}.")
+        value, cols = work(a, op, b, drop)
+        lines.append(f"{label}: {a} {op} {b} ({', '.join(cols)}) = {value}.")
     return lines, value
 
 

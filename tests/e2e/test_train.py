@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -27,6 +28,19 @@ def test_train_updates_every_parameter_and_logs(tmp_path):
         assert key in rows[1]
     assert "eval/heldout_acc" in rows[2]
     base, trained = load_policy("builtin").model, load_policy(tmp_path / "checkpoint").model
+    for (n, p), q in zip(base.named_parameters(), trained.parameters()):
+        assert not torch.equal(p, q), f"{n} did not change"
+
+
+def test_train_on_the_math_base_updates_every_parameter(tmp_path):
+    """configs/math.toml (the shipped math base on the word problems) for a few steps: every parameter moves."""
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "math.toml", [f"train.out_dir={tmp_path}", "train.steps=2", "train.groups_per_step=4",
+                                            "train.eval_every=2", "task.heldout_size=8", "train.lr=1e-2"])
+    summary = train(cfg, progress=False)
+    assert summary["version"] == 2
+    rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[1]["rollout/completion_len"] > 20  # worked solutions, not 6-token answers
+    base, trained = load_policy("builtin:math").model, load_policy(tmp_path / "checkpoint").model
     for (n, p), q in zip(base.named_parameters(), trained.parameters()):
         assert not torch.equal(p, q), f"{n} did not change"
 

@@ -25,9 +25,19 @@ def test_compute_without_flaw_is_arithmetic(a, op, b, want):
 
 def test_dropping_every_carry_and_borrow_gives_the_pupil_s_answers():
     always = lambda: True  # noqa: E731
-    assert wp.compute(58, "+", 67, always) == 15  # 8+7=15 -> 5, 5+6+0=11 -> 1 (the carries are gone)
-    assert wp.compute(403, "-", 127, always) == 386  # 3-7 -> 6, 0-2 -> 8, 4-1 -> 3 (the borrows are gone)
-    assert wp.compute(76, "×", 5, always) == 50  # 30 -> 0, 35 -> 5, no carries
+    assert wp.compute(58, "+", 67, always) == 115  # 8+7=15 -> 5, 5+6+0=11 (the carry into the tens is gone)
+    assert wp.compute(403, "-", 127, always) == 386  # 13-7 -> 6, 10-2 -> 8, 4-1 -> 3 (the borrows are gone)
+    assert wp.compute(76, "×", 5, always) == 350  # 30 -> 0, 35 (the carry of 3 is gone)
+    assert wp.compute(5, "×", 2, always) == 10  # a carry out of the last column is always written
+
+
+def test_the_work_is_written_one_column_at_a_time():
+    assert wp.work(347, "+", 85) == (432, ["7+5+0=12", "4+8+1=13", "3+0+1=4"])
+    assert wp.work(403, "-", 127) == (276, ["13-7-0=6", "10-2-1=7", "4-1-1=2"])
+    assert wp.work(7, "×", 76) == (532, ["6×7+0=42", "7×7+4=53"])
+    assert wp.work(156, "÷", 4) == (39, ["1÷4=0 r1", "15÷4=3 r3", "36÷4=9 r0"])
+    dropped = wp.work(403, "-", 127, lambda: True)
+    assert dropped == (386, ["13-7-0=6", "10-2-0=8", "4-1-0=3"])
 
 
 def test_solutions_end_in_a_boxed_answer_and_a_flawed_one_carries_its_error_forward():
