@@ -67,29 +67,32 @@ def train_base(lines: list[dict]) -> float | None:
     return lines[0]["eval/heldout_acc"] if lines and lines[0]["step"] == 0 else None
 
 
-def run_train(out: Path, overrides: list[str], log_path: Path) -> dict:
-    cmd = [sys.executable, "-m", "p2prl.cli", "train", "--config", "configs/default.toml", "--fresh", "--no-progress",
-           f"train.out_dir={out}", *overrides]
-    metrics = out / "metrics.jsonl"
+def run_until(cmd: list[str], limit_s: float, log_path: Path, until) -> tuple[float, bool]:
+    """Run ``cmd`` in its own session until it exits, ``until()`` is true or ``limit_s`` passed, then kill its
+    process group; (its start time, whether it exited by itself)."""
     with log_path.open("wb") as log:
         t0 = time.time()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=ROOT,
                                 start_new_session=True)
         try:
-            while proc.poll() is None and time.time() - t0 < LIMIT_S:
-                lines = read_lines(metrics)
-                if first_hit(lines, train_base(lines)):
-                    break
+            while proc.poll() is None and time.time() - t0 < limit_s and not until():
                 time.sleep(0.2)
-            ended = "finished" if proc.poll() is not None else "stopped at the target"
+            return t0, proc.poll() is not None
         finally:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
+
+
+def run_train(out: Path, overrides: list[str], log_path: Path) -> dict:
+    cmd = [sys.executable, "-m", "p2prl.cli", "train", "--config", "configs/default.toml", "--fresh", "--no-progress",
+           f"train.out_dir={out}", *overrides]
+    metrics = out / "metrics.jsonl"
+    t0, finished = run_until(cmd, LIMIT_S, log_path, lambda: first_hit(read_lines(metrics), train_base(read_lines(metrics))))
     lines = read_lines(metrics)
-    return summarize("p2prl train (1 process)", lines, train_base(lines), t0, ended)
+    return summarize("p2prl train (1 process)", lines, train_base(lines), t0, "finished" if finished else "stopped at the target")
 
 
 def run_swarm_once(out: Path, samplers: int, overrides: list[str], log_path: Path) -> dict:

@@ -137,6 +137,8 @@ class LearnerCore:
         self.optimizer.zero_grad(set_to_none=True)
         m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
         m["rollout/reward"] = float(rewards.mean())
+        m["rollout/completions"] = len(rows)
+        m["rollout/completion_len"] = float(np.mean([len(r[1]) for r in rows]))  # tokens, EOS included
         m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
         m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
         if mismatch:
