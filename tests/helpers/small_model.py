@@ -1,7 +1,7 @@
-"""A small Qwen2 model folder that vLLM's CPU backend accepts (head_dim 64), for tests.
+"""A small Qwen2 model folder that vLLM's CPU backend accepts (head_dim 64): the model of
+benchmarks/generation.py (the vLLM tests use the shipped math base).
 
-Random weights from a seed; the tokenizer files are the shipped base model's. To be
-replaced by ``p2prl.policy.make_test_model`` once it exists.
+Random weights from a seed; the tokenizer files are the shipped base model's.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 import pytest
 
-from helpers.small_model import build_small_model
+from p2prl.policy.model import MATH_MODEL
 
 
 @pytest.fixture(scope="session")
-def small_model(tmp_path_factory):
-    """A Qwen2 model folder vLLM's CPU attention accepts (head_dim 64), random weights from seed 0."""
-    return build_small_model(tmp_path_factory.mktemp("small_model"), seed=0)
+def math_model():
+    """The shipped math base (``builtin:math``): Qwen2, byte-level BPE, ChatML, head_dim 32, as vLLM's CPU backend
+    takes it."""
+    assert (MATH_MODEL / "config.json").is_file(), "build it: python -m p2prl.policy.make_base --task math"
+    return MATH_MODEL
