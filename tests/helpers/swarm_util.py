@@ -74,10 +74,13 @@ class Peers:
                           "--identity-path", str(self.root / f"{name}.id"), "--maddrs-file", str(f)])
         return f
 
-    def join(self, name: str, role: str, maddr: str | Path, *overrides: str, out: Path | None = None) -> subprocess.Popen:
-        """``maddr``: the bootstrap's multiaddr, or its multiaddrs file (``bootstrap_file``)."""
+    def join(self, name: str, role: str, maddr: str | Path, *overrides: str, out: Path | None = None,
+             config: Path | None = None) -> subprocess.Popen:
+        """``maddr``: the bootstrap's multiaddr, or its multiaddrs file (``bootstrap_file``); ``config``: a TOML
+        config file (FAST and ``overrides`` apply over it)."""
         via = [f"net.initial_peers_file={maddr}"] if isinstance(maddr, Path) else ["--initial-peers", maddr]
-        args = ["join", "--role", role, "--loopback", "--no-progress", "--json", *via, *FAST,
+        args = ["join", "--role", role, "--loopback", "--no-progress", "--json",
+                *(["--config", str(config)] if config else []), *via, *FAST,
                 *overrides]  # --json: the summary at the end as JSON (last_json)
         if out is not None:
             args.append(f"train.out_dir={out}")

@@ -15,23 +15,29 @@ def test_vllm_and_transformers_samplers_train_one_learner_that_learns(peers, tmp
     """The math workload (configs/math.toml: the shipped math base, word problems, GEPO): both samplers' groups
     are trained and the learner's held-out accuracy at v20 is 20 points above the base's (by version, not time:
     the single-process run gains about 50 points in 10 versions)."""
-    math = ["--config", str(ROOT / "configs" / "math.toml"), "sampling.group_size=8", "train.groups_per_step=8",
-            "task.heldout_size=128", "train.eval_every=10"]  # the config's, over the test defaults
+    config = ROOT / "configs" / "math.toml"
+    # the config's group size and evaluation over the test defaults (FAST); 8 groups a step, not 16
+    math = ["sampling.group_size=8", "train.groups_per_step=8", "task.heldout_size=128", "train.eval_every=10"]
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
     # a window no group can fall out of within the test: the vLLM sampler alone can step the learner a few
     # versions a second, so with the default window of 8 the transformers sampler's groups could all arrive
     # stale, depending on the machine's pace
-    peers.join("learner", "learner", maddr, *math, "train.steps=20", "staleness.max_staleness=1000", out=out)
+    # both samplers' groups in every step, whatever their pace: the learner waits for the transformers sampler
+    # (which joins once the vLLM one holds v0) and needs 8 groups a step, while the vLLM sampler may hold at most
+    # 4 not yet trained (it is the faster one: with no bound its fresher groups were picked before the other's
+    # for all 20 versions)
+    peers.join("learner", "learner", maddr, *math, "train.steps=20", "staleness.max_staleness=1000",
+               "train.wait_for_samplers=2", out=out, config=config)
     acks = tmp_path / "vllm.acks"  # the groups the vLLM sampler was told are trained
     peers.join("vllm", "sampler", maddr, *math, "sampling.backend=vllm", "sampling.vllm_kv_cache_gib=0.25",
-               f"testing.ack_log={acks}")
+               "flow.outbox_limit=4", f"testing.ack_log={acks}", config=config)
 
     # the vLLM sampler starts an engine (minutes on 2 shared cores) and loads v0 into it; then the other joins
     wait_for(lambda: "verified)" in peers.log("vllm") or peers.procs["vllm"].poll() is not None, 900,
              "the vLLM sampler to load v0")
     assert peers.procs["vllm"].poll() is None, peers.log("vllm")[-3000:]
-    peers.join("hf", "sampler", maddr, *math)
+    peers.join("hf", "sampler", maddr, *math, config=config)
 
     def trained() -> list[tuple[str, int]]:
         return [(gid, v) for l in read_jsonl(out / "train_log.jsonl") for gid, v, _ in l["groups"]]
