@@ -75,7 +75,7 @@ def test_logprobs_match_the_learner(engine, math_model):
     assert m["abs"] < ABS_BOUND and m["k3"] < K3_BOUND, m
 
 
-def test_reload_changes_outputs_and_tag(engine, math_model, tmp_path):
+def test_reload_changes_outputs_and_tag(engine, math_model):
     cfg = Config()
     cfg.sampling.temperature, cfg.sampling.group_size, cfg.sampling.max_new_tokens = T, 4, 8
     base = load_policy(math_model)
