@@ -38,7 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section  # noqa: E402
-from swarm_vs_train import read_lines, run_until  # noqa: E402
+from swarm_vs_train import read_lines, run_until, train_base  # noqa: E402
 from weight_fanout import learner_dir, run_swarm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -47,11 +47,6 @@ GAIN = 0.20
 LORA = ["model.lora_rank=16", "train.lr=2e-3"]
 LORA_GAIN = 0.15
 RUNS = ("train", "swarm", "trl", "lora")
-
-
-def run_command(cmd: list[str], metrics: Path, steps: int, limit_s: float, log_path: Path) -> float:
-    """Run ``cmd`` until it exits, logs version ``steps`` with its evaluation, or ``limit_s`` passed; its start time."""
-    return run_until(cmd, limit_s, log_path, lambda: reached(metrics, steps))[0]
 
 
 def reached(metrics: Path, steps: int) -> bool:
@@ -70,22 +65,28 @@ def summarize(name: str, lines: list[dict], base: float | None, t0: float, limit
     tokens = sum(l.get("rollout/completion_len", 0.0) * l.get("rollout/completions", 0) for l in steps[1:])
     return {
         "name": name, "gain": gain, "base": base, "evals": [e for e in evals if e[0] > 0], "hit": hit,
-        "versions": steps[-1]["step"] if steps else 0, "rate": (len(steps) - 1) / span if span else None,
-        "step_s": span / (len(steps) - 1) if span else None, "tokens_s": tokens / span if span else None,
+        "versions": steps[-1]["step"] if steps else 0, "step_s": span / (len(steps) - 1) if span else None, "tokens_s": tokens / span if span else None,
         "completion_len": mean("rollout/completion_len"), "kl": mean("loss/kl_k3"), "iw_var": mean("loss/is_weight_var"),
         "lag": mean("rollout/lag_mean"), "final": evals[-1][1] if evals else None,
         "best": max((e[1] for e in evals if e[0] > 0), default=None),
     }
 
 
+def run_one_process(name: str, cmd: list[str], out: Path, steps: int, limit_s: float, log_path: Path,
+                    gain: float = GAIN) -> dict:
+    """Run ``cmd``, which writes ``out/metrics.jsonl`` (its step-0 line: the base accuracy), until it logs version
+    ``steps`` with its evaluation, exits or ``limit_s`` passed; its summary."""
+    metrics = out / "metrics.jsonl"
+    t0, _ = run_until(cmd, limit_s, log_path, lambda: reached(metrics, steps))
+    lines = read_lines(metrics)
+    return summarize(name, lines, train_base(lines), t0, limit_s, gain)
+
+
 def run_p2prl_train(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path,
                     name: str = "p2prl train (1 process)", gain: float = GAIN) -> dict:
     cmd = [sys.executable, "-m", "p2prl.cli", "train", "--config", CONFIG, "--fresh", "--no-progress",
            f"train.out_dir={out}", *overrides]
-    t0 = run_command(cmd, out / "metrics.jsonl", steps, limit_s, log_path)
-    lines = read_lines(out / "metrics.jsonl")
-    base = lines[0]["eval/heldout_acc"] if lines and lines[0]["step"] == 0 else None
-    return summarize(name, lines, base, t0, limit_s, gain)
+    return run_one_process(name, cmd, out, steps, limit_s, log_path, gain)
 
 
 def run_p2prl_swarm(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path) -> dict:
@@ -113,13 +114,10 @@ def run_lora(out: Path, overrides: list[str], steps: int, limit_s: float, log_pa
 
 
 def run_trl(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(out), *overrides]
-    t0 = run_command(cmd, out / "metrics.jsonl", steps, limit_s, log_path)
-    lines = read_lines(out / "metrics.jsonl")
-    base = lines[0]["eval/heldout_acc"] if lines and lines[0]["step"] == 0 else None
     import trl
 
-    return summarize(f"TRL {trl.__version__} GRPOTrainer (1 process)", lines, base, t0, limit_s)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--trl-child", str(out), *overrides]
+    return run_one_process(f"TRL {trl.__version__} GRPOTrainer (1 process)", cmd, out, steps, limit_s, log_path)
 
 
 def trl_child(out: Path, overrides: list[str]) -> None:
@@ -236,13 +234,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="p2prl-math-") as tmp:
         for kind in kinds:
             r = runs[kind](Path(tmp) / kind, a.overrides, cfg.train.steps, a.limit_s, Path(tmp) / f"{kind}.log")
+            r["kind"] = kind
             results.append(r)
             print(json.dumps(r), flush=True)
     body = table(results, a.limit_s)
-    train = next((r for r in results if r["name"].startswith("p2prl train")), None)
-    trl_r = next((r for r in results if r["name"].startswith("TRL")), None)
+    by_kind = {r["kind"]: r for r in results}
+    train, trl_r = by_kind.get("train"), by_kind.get("trl")
     verdicts = [f"`{r['name']}`: +{r['gain'] * 100:.0f} points within {a.limit_s:.0f} s "
-                f"{'met' if r['hit'] else 'MISSED'}" for r in results if not r["name"].startswith("TRL")]
+                f"{'met' if r['hit'] else 'MISSED'}" for r in results if r["kind"] != "trl"]
     if train and trl_r and train["step_s"] and trl_r["step_s"]:
         ratio = trl_r["step_s"] / train["step_s"]
         verdicts.append(f"step time TRL / p2prl train = {ratio:.2f} (target >= 1: {'met' if ratio >= 1 else 'MISSED'})")
