@@ -13,8 +13,8 @@ the own groups on disk go through the small ``OwnGroupFiles`` store next to it.
 * ``lost``: files of own groups of a lost history, to retrain -> their ids.
 
 Retraining: when this learner's history loses to a higher-ranked one (``adopt``), or it
-restarts from a checkpoint older than versions it trained, its own groups of those versions
-are requeued first and outside the staleness window (their samplers may have been told they
+restarts from a checkpoint older than versions it trained (or brought to a round), its own groups of those
+versions are requeued first and outside the staleness window (their samplers may have been told they
 were trained), except groups the winning history already holds.
 """
 
@@ -36,7 +36,8 @@ PENDING, TRAINED, DROPPED = "pending", "trained", "dropped"
 
 
 class OwnGroupFiles:
-    """``<out>/own_groups/``: ``<v>.msgpack`` holds the groups this learner trained at version v;
+    """``<out>/own_groups/``: ``<v>.msgpack`` holds the groups this learner trained at version v (written before
+    their gradient goes to a round, so also those of a round that failed or that it died in);
     ``lost-<v>-<n>.msgpack`` the groups of a lost version, kept until retrained and checkpointed."""
 
     def __init__(self, folder: Path, limits: Limits):
@@ -44,10 +45,13 @@ class OwnGroupFiles:
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def write(self, v: int, batch: list[RolloutGroup]) -> None:
-        if batch:
-            tmp = self.folder / f"{v}.tmp"
-            tmp.write_bytes(msgpack.packb([encode_group(g) for g in batch]))
-            tmp.rename(self.folder / f"{v}.msgpack")
+        """Version ``v``'s own groups (an empty batch: no file, nor one a failed round left)."""
+        if not batch:
+            self.remove_version(v)
+            return
+        tmp = self.folder / f"{v}.tmp"
+        tmp.write_bytes(msgpack.packb([encode_group(g) for g in batch]))
+        tmp.rename(self.folder / f"{v}.msgpack")
 
     def read(self, path: Path) -> list[RolloutGroup]:
         """The groups in ``path``; raises on a damaged file."""

@@ -263,6 +263,12 @@ class Learner:
         others = len(self.membership.others)
         if not others:
             return r
+        # on disk before our gradient leaves: once it is in a round, the other members may apply it and
+        # acknowledge our groups though we die before our own step (the restart retrains them from this file)
+        try:
+            self.ledger.own.write(self.core.version + 1, batch)
+        except OSError as e:
+            raise disk_error(self.out, e, f"the own groups of v{self.core.version + 1}") from e
         try:
             got = self.gradient_rounds().average(grad, r.weight, self.core.version, self.latest.sha256, tags, 1 + others)
             self.bad_members(got.bad)

@@ -283,3 +283,40 @@ def test_a_restart_does_not_retrain_lost_groups_already_retrained_in_an_unconfir
     lost_again.restore(saved, 4, [log_line(4, retrained)], now=10.0)
     assert lost_again.adopt(5, {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 4: "a" * 64, 5: "b" * 64}, {"t/1", "s/1", "t/3"}) == 4
     assert sorted(lost_again.buffer.retrain) == ["s/x", "s/y"]
+
+
+def test_a_learner_killed_in_a_round_its_partner_completed_retrains_its_share_from_the_file_written_before(tmp_path):
+    """A fifth churn-soak sequence: learner A brings s/x and s/y to the round v1 -> v2 and is killed after its
+    gradient left but before its own step; B completes v2 with them and acknowledges them. A restarts from its
+    checkpoint at v1. Its share must survive whichever history wins: the learner writes a batch as the next
+    version's own groups before the round (Learner.one_round), so the restart retrains them from that file."""
+    a = make_ledger(tmp_path)
+    lines = [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)])]
+    step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
+    saved = a.checkpoint_state()
+    share = [group("s/x", 1), group("s/y", 1)]
+    a.own.write(2, share)  # before the round; then killed
+
+    forked = make_ledger(tmp_path)
+    forked.restore(saved, 1, lines, now=0.0)
+    assert sorted(forked.buffer.retrain) == ["s/x", "s/y"] and forked.states_of(["s/x"]) == {"s/x": "pending"}
+    snapshot = [(p.name, p.read_bytes()) for p, _, _ in forked.own.files()]
+
+    # A's own v2 wins (B adopts it and retrains its own groups): A's share is in A's v2
+    step(forked, 2, forked.buffer.select(forked.take_size(1, 4), 1), confirmed=True)
+    forked.checkpointed()
+    assert forked.states_of(["s/x", "s/y"]) == {"s/x": "trained", "s/y": "trained"}
+    assert not [f for f, _, lost in forked.own.files() if lost]
+
+    # B's v2 wins (A loads it): it holds A's share, which is not trained again
+    for p, _, _ in forked.own.files():
+        p.unlink()
+    for name, data in snapshot:
+        (tmp_path / "own_groups" / name).write_bytes(data)
+    loaded = make_ledger(tmp_path)
+    loaded.restore(saved, 1, lines, now=0.0)
+    loaded.adopt(2, {1: SHA[1], 2: SHA[2]}, {"s/1", "t/1", "s/x", "s/y", "t/2"})
+    assert not loaded.buffer.first and not loaded.buffer.retrain
+    loaded.checkpointed()
+    assert loaded.states_of(["s/x", "s/y"]) == {"s/x": "trained", "s/y": "trained"}
+    assert not [f for f, _, lost in loaded.own.files() if lost]

@@ -18,12 +18,21 @@ class Buffer:
         self.requeued += groups
 
 
+class OwnFiles:
+    def __init__(self):
+        self.written = {}
+
+    def write(self, v, batch):
+        self.written[v] = [g.group_id for g in batch]
+
+
 class Rounds:
-    def __init__(self, answer):
-        self.answer, self.calls = answer, 0
+    def __init__(self, answer, own):
+        self.answer, self.calls, self.own, self.on_disk = answer, 0, own, []
 
     def average(self, grad, *args):
         self.calls += 1
+        self.on_disk.append(dict(self.own.written))
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
@@ -34,8 +43,9 @@ def learner(grad, answer):
     ln = SimpleNamespace(
         core=SimpleNamespace(gradient=lambda batch: (grad, {}), version=3), n_params=grad.numel(),
         cfg=SimpleNamespace(testing=SimpleNamespace(slowdown=1.0)), counts=Counter(), lock=threading.Condition(),
-        buffer=Buffer(), membership=SimpleNamespace(others=["other"]), rounds=Rounds(answer), missed=0,
-        latest=SimpleNamespace(sha256="ab" * 32))
+        buffer=Buffer(), membership=SimpleNamespace(others=["other"]), missed=0,
+        latest=SimpleNamespace(sha256="ab" * 32), ledger=SimpleNamespace(own=OwnFiles()))
+    ln.rounds = Rounds(answer, ln.ledger.own)
     ln.bad_members = lambda bad: Learner.bad_members(ln, bad)
     ln.gradient_rounds = lambda: ln.rounds
     return ln, [group]
@@ -57,3 +67,14 @@ def test_refused_members_are_counted_by_reason():
     ln.rounds.answer = RoundFailed("bad_member", "x", bad={"peerRogue": "missing"})
     assert Learner.one_round(ln, batch, threading.Event()) is None
     assert ln.counts["round/bad_member/missing"] == 1 and ln.counts["round/bad_member"] == 1
+
+
+def test_the_batch_is_on_disk_as_the_next_versions_own_groups_before_its_gradient_leaves():
+    """Once the gradient is in a round, the other members may apply it and acknowledge the groups though this
+    learner dies before its own step: its restart retrains them from that file (a churn-soak loss)."""
+    ln, batch = learner(torch.ones(2), answer=RoundFailed("timeout", "x"))
+    assert Learner.one_round(ln, batch, threading.Event()) is None
+    assert ln.rounds.on_disk == [{4: ["s/1"]}]  # v3 -> v4, written before the round
+    ln.membership.others = []  # alone: nobody else can acknowledge them; the step writes them
+    ln.ledger.own.written.clear()
+    assert Learner.one_round(ln, batch, threading.Event()) is not None and ln.ledger.own.written == {}
