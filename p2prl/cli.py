@@ -113,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="refresh a live table every SECONDS (default 2) until Ctrl-C")
     st.add_argument("--count", type=int, default=0, metavar="N", help="with --watch: stop after N refreshes (0: never)")
     st.add_argument("--authority", default=None, metavar="HEX",
-                    help="the run authority's public key (trust.authority): count its authorized learners, hide the others")
+                    help="the run authority's public key (trust.authority): count its authorized learners, "
+                    "hide the others")
 
     mo = sub.add_parser(
         "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves, peers' metrics)",
@@ -121,8 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
         "self-contained HTML page (no scripts, nothing fetched from the internet): the peers by role with their "
         "versions, lag, reward, held-out accuracy, rejections and bans; the samplers' lag histogram; each learner's "
         "reward and accuracy per version since the monitor started; from each peer's announced metrics endpoint "
-        "(--metrics-port) its throughput, bytes in/out, groups and rounds by outcome and reason, bans and the learners' "
-        "lag histogram. /state.json has the same as JSON."),
+        "(--metrics-port) its throughput, bytes in/out, groups and rounds by outcome and reason, bans and the "
+        "learners' lag histogram. /state.json has the same as JSON."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_network_args(mo)
@@ -148,8 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     up.add_argument("--json", action="store_true", help="print the first learner's end-of-run summary as JSON")
     up.add_argument("--metrics-port", type=int, default=0, metavar="PORT",
-                    help="Prometheus metrics of every peer on 127.0.0.1: the bootstrap on PORT, the learners on PORT+1, "
-                    "..., then the samplers (default 0: off)")
+                    help="Prometheus metrics of every peer on 127.0.0.1: the bootstrap on PORT, the learners on "
+                    "PORT+1, ..., then the samplers (default 0: off)")
     _add_config_args(up)
 
     cf = sub.add_parser("config", help="show the configuration keys (`p2prl config show`)")
@@ -215,7 +216,8 @@ def _add_run_parsers(sub) -> None:
         "record, so the removed learner's versions, groups and rounds are refused from then on."),
     )
     remove.add_argument("dir", metavar="DIR", help="the folder `p2prl run init` created")
-    remove.add_argument("peer_id", metavar="PEER_ID", help="the learner's peer id (`p2prl run show DIR/run.record` lists them)")
+    remove.add_argument("peer_id", metavar="PEER_ID",
+                        help="the learner's peer id (`p2prl run show DIR/run.record` lists them)")
     show = rsub.add_parser("show", help="print a run record",
                            description="Print a run record: run id, validity, authorized learners, config. Checks "
                            "its signature when --authority is given or an authority.key lies next to it.")
@@ -322,7 +324,8 @@ def _add_metrics_args(p: argparse.ArgumentParser) -> None:
 
 def _add_network_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--initial-peers", nargs="+", default=None, metavar="MADDR",
-                   help="multiaddrs of bootstrap peers (full /ip4/.../tcp/.../p2p/<id> form); any reachable one suffices")
+                   help="multiaddrs of bootstrap peers (full /ip4/.../tcp/.../p2p/<id> form); "
+                   "any reachable one suffices")
     p.add_argument("--run-id", default=None, help="name of the training run (overrides net.run_id)")
     p.add_argument("--loopback", action="store_true",
                    help="127.0.0.1 only, relay / NAT probing / IPFS off (local swarms and tests)")
@@ -489,7 +492,8 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     if args.samplers < 1 or args.learners < 1:
         raise _usage("--samplers and --learners must be at least 1")
     if args.metrics_port and not 0 < args.metrics_port <= 65535 - args.samplers - args.learners:
-        raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} must be TCP ports")
+        raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} "
+                     "must be TCP ports")
     return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
                     progress=not args.no_progress, n_learners=args.learners, as_json=args.json,
                     metrics_port=args.metrics_port)
@@ -518,117 +522,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from p2prl.swarm import authority as a
 
     if args.run_command == "show":
-        return _show_run_record(Path(args.file), args.authority)
+        return a.show_run_record(Path(args.file), args.authority)
     if args.run_command == "init":
-        out = Path(args.out)
-        key_file = out / "authority.key"
-        if key_file.exists():
-            raise _usage(f"{key_file} exists: this folder already holds a run authority (use `p2prl run add-learner`)")
-        if args.expires_days <= 0:
-            raise _usage("--expires-days must be positive")
-        cfg = _load_config(args)
-        for p in args.learner:
-            _check_peer_id(p)
-        from p2prl.swarm.runconfig import run_config
-        from p2prl.tasks import make_task
-
-        config = run_config(cfg, make_task(cfg.task))
-        out.mkdir(parents=True, exist_ok=True)
-        key = a.new_authority_key()
-        a.save_authority_key(key, key_file)
-        rec = a.new_run_record(cfg.net.run_id, config, args.learner, args.expires_days, key)
-        (out / "run.record").write_bytes(rec.encode())
-        pub = a.public_hex(key)
-        print(f"run {rec.run_id!r}: authority key in {key_file} (keep it secret), signed run record in {out / 'run.record'}")
-        print(f"authority public key: {pub}\n")
-        print(f"every peer of the run, in its config:\n  [trust]\n  authority = \"{pub}\"\n"
-              f"or on the command line: trust.authority={pub}\n")
-        print(f"learners also (with a stable identity, --identity-path FILE):\n  run_record = \"{out / 'run.record'}\"\n"
-              f"authorize a learner: p2prl run add-learner {out} (PEER_ID | --identity FILE)")
-        return 0
-    out = Path(args.dir)
-    key = a.load_authority_key(out / "authority.key")
-    rec = a.load_run_record(out / "run.record", "run record")
-    problem = rec.problem(a.public_hex(key), rec.run_id, now=0.0)
-    import time
-
-    if problem:
-        raise a.TrustError(f"{out / 'run.record'} does not belong to {out / 'authority.key'}: {problem}")
-    if args.run_command == "remove-learner":
-        peer = _check_peer_id(args.peer_id)
-        if peer not in rec.learners:
-            raise a.TrustError(f"{peer} is not an authorized learner of run {rec.run_id!r} "
-                               f"(`p2prl run show {out / 'run.record'}` lists them)")
-        _write_run_record(out, a.RunRecord(run_id=rec.run_id, config=rec.config,
-                                           learners=[p for p in rec.learners if p != peer],
-                                           issued=max(time.time(), rec.issued + 1e-3), expires=rec.expires).signed(key))
-        print(f"revoked learner {peer} in run {rec.run_id!r} ({len(rec.learners) - 1} learners left); send "
-              f"{out / 'run.record'} to the remaining learners (trust.run_record)")
-        return 0
-    if args.identity:
-        from p2prl.config import usable_file
-
-        usable_file(args.identity, "--identity", read_only_if_exists=True)
-        peer = a.create_identity(args.identity)
-        print(f"learner identity {args.identity}: peer id {peer}")
+        a.init_run(Path(args.out), _load_config(args), args.learner, args.expires_days)
+    elif args.run_command == "remove-learner":
+        a.remove_learner(Path(args.dir), args.peer_id)
     else:
-        peer = _check_peer_id(args.peer_id)
-    if args.expires_days is not None and args.expires_days <= 0:
-        raise _usage("--expires-days must be positive")
-    expires = time.time() + args.expires_days * 86400 if args.expires_days is not None else rec.expires
-    if expires <= time.time():
-        raise a.TrustError(f"{out / 'run.record'} expired on {time.strftime('%Y-%m-%d', time.gmtime(rec.expires))}; "
-                           "renew it with --expires-days N")
-    if len(set(rec.learners) | {peer}) > a.MAX_LEARNERS:
-        raise a.TrustError(f"a run record holds at most {a.MAX_LEARNERS} learners")
-    new = a.RunRecord(run_id=rec.run_id, config=rec.config, learners=sorted(set(rec.learners) | {peer}),
-                      issued=max(time.time(), rec.issued + 1e-3), expires=expires).signed(key)
-    _write_run_record(out, new)
-    print(f"authorized learner {peer} in run {new.run_id!r} ({len(new.learners)} learners); send {out / 'run.record'} "
-          "to the learners (trust.run_record)")
+        a.add_learner(Path(args.dir), args.peer_id, args.identity, args.expires_days)
     return 0
-
-
-def _write_run_record(out: Path, rec) -> None:
-    tmp = out / "run.record.tmp"
-    tmp.write_bytes(rec.encode())
-    tmp.replace(out / "run.record")
-
-
-def _check_peer_id(peer: str) -> str:
-    import base58
-
-    try:
-        raw = base58.b58decode(peer)
-    except ValueError:
-        raw = b""
-    if not (len(peer) <= 128 and len(raw) > 2 and raw[1] == len(raw) - 2):
-        raise _usage(f"{peer!r} is not a libp2p peer id (like the 12D3KooW... or Qm... id a peer prints)")
-    return peer
-
-
-def _show_run_record(path: Path, authority: str | None) -> int:
-    import time
-
-    from p2prl.swarm import authority as a
-
-    rec = a.load_run_record(path, "run record")
-    if authority is None and (path.parent / "authority.key").exists():
-        authority = a.public_hex(a.load_authority_key(path.parent / "authority.key"))
-    when = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))  # noqa: E731
-    print(f"run id:   {rec.run_id}\nissued:   {when(rec.issued)}\nexpires:  {when(rec.expires)}"
-          + ("   (EXPIRED)" if rec.expires <= time.time() else ""))
-    if authority:
-        problem = rec.problem(authority, rec.run_id, now=0.0)
-        print(f"signature: {'valid' if problem is None else 'INVALID'} for authority {authority}")
-    else:
-        print("signature: not checked (pass --authority HEX)")
-    print(f"learners ({len(rec.learners)}):" + "".join(f"\n  {p}" for p in rec.learners))
-    c = rec.run_config()
-    print(f"config:\n  model sha256 {c.model}\n  task {c.task}\n  lora {c.lora}")
-    for section in ("sampling", "algo", "optim"):
-        print(f"  {section}: " + ", ".join(f"{k}={v}" for k, v in getattr(c, section).items()))
-    return 0 if authority is None or problem is None else 2
 
 
 def _usage(msg: str) -> Exception:

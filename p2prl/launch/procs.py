@@ -26,12 +26,17 @@ import signal
 import subprocess
 import sys
 import time
+from importlib import import_module
 from pathlib import Path
+
+CLI_MODULE = "p2prl.cli"
+"""The ``p2prl`` command's module, which ``cli_command`` and a forked child run by name: importing it here would tie
+this module to everything the CLI imports (the experiments among them, which start their peers with this one)."""
 
 
 def cli_command(*args: str) -> list[str]:
     """The command line of ``p2prl <args>`` with this interpreter."""
-    return [sys.executable, "-m", "p2prl.cli", *args]
+    return [sys.executable, "-m", CLI_MODULE, *args]
 
 
 _PR_SET_PDEATHSIG = 1
@@ -112,7 +117,8 @@ class ProcessGroups:
 
     def spawn(self, name: str, cmd: list[str], *, log: bool = True) -> subprocess.Popen:
         """Start ``cmd`` as child ``name``; stdout and stderr go to its log (``log=False``: to ours)."""
-        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd, preexec_fn=die_with_parent(os.getpid()))
+        kw = dict(stdin=subprocess.DEVNULL, start_new_session=True, cwd=self.cwd,
+                  preexec_fn=die_with_parent(os.getpid()))
         if not log:
             p = subprocess.Popen(cmd, **kw)
         else:
@@ -205,9 +211,7 @@ def _forked_cli(args: list[str], out: tuple[Path, bool] | None, parent: int, cwd
         os.chdir(cwd)
     random.seed()  # not the parent's sequence, nor a sibling's
     sys.argv = ["p2prl", *args]
-    from p2prl.cli import main
-
-    sys.exit(main(args))
+    sys.exit(import_module(CLI_MODULE).main(args))
 
 
 class ForkedChild:

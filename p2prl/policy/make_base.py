@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
+from p2prl.policy.make_test_model import supervised_step
 from p2prl.policy.model import BUILTIN_MODEL
 from p2prl.tasks.addition import AdditionTask, ScratchpadAdditionTask, worked_sum
 
@@ -84,18 +84,6 @@ def flawed_completion(task: AdditionTask, a: int, b: int, carry_drop: float, rng
     if isinstance(task, ScratchpadAdditionTask):
         return worked_sum(a, b, task.digits, drop_carry=lambda: rng.random() < carry_drop)
     return noisy_sum(a, b, carry_drop, rng)
-
-
-def supervised_step(model, opt, sched, ids: torch.Tensor, labels: torch.Tensor, attention_mask=None) -> float:
-    """One next-token cross-entropy step on the positions ``labels`` marks (-100 elsewhere); the loss."""
-    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
-    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
-    opt.zero_grad()
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    opt.step()
-    sched.step()
-    return loss.item()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from p2prl.tasks.math import SAMPLE
 
@@ -72,7 +73,8 @@ def training_text() -> list[str]:
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
     texts = [f"{r['question']}\nThe answer is $\\boxed{{{r['answer']}}}$." for r in rows]
     words = [" ".join(WORDS), " ".join(w.capitalize() for w in WORDS), " ".join(w + "s" for w in WORDS)]
-    return texts + COVERAGE + words + ["<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"]
+    chat = "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
+    return texts + COVERAGE + words + [chat]
 
 
 def build_tokenizer(vocab_size: int, texts: list[str] | None = None):
@@ -123,13 +125,28 @@ def build_model(tok, seed: int, hidden: int, layers: int, head_dim: int = 64, ma
     return Qwen2ForCausalLM(cfg).to(dtype)
 
 
+def supervised_step(model, opt, sched, ids: torch.Tensor, labels: torch.Tensor, attention_mask=None) -> float:
+    """One next-token cross-entropy step on the positions ``labels`` marks (-100 elsewhere); the loss. The
+    shipped bases' builders share it: ``make_base`` runs ``math_base`` for ``--task math``, so it is here,
+    not in ``make_base``."""
+    logits = model(input_ids=ids, attention_mask=attention_mask).logits[:, :-1]
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels[:, 1:].reshape(-1))
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    sched.step()
+    return loss.item()
+
+
 def make_test_model(out: Path, seed: int = 0, vocab_size: int = 4096, hidden: int = 256, layers: int = 4) -> Path:
     """Write the model folder to ``out`` and return it."""
     tok = build_tokenizer(vocab_size)
     model = build_model(tok, seed, hidden, layers)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out, save_jinja_files=False)  # chat_template inside tokenizer_config.json, as in most model folders
+    # chat_template inside tokenizer_config.json, as in most model folders
+    tok.save_pretrained(out, save_jinja_files=False)
     return out
 
 

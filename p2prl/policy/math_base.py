@@ -28,8 +28,7 @@ from pathlib import Path
 import torch
 
 from p2prl.config import TaskConfig
-from p2prl.policy.make_base import supervised_step
-from p2prl.policy.make_test_model import build_model, build_tokenizer
+from p2prl.policy.make_test_model import build_model, build_tokenizer, supervised_step
 from p2prl.policy.model import MATH_MODEL
 from p2prl.tasks import make_task, render_prompt
 from p2prl.tasks import word_problems as wp

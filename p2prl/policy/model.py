@@ -7,8 +7,10 @@ loading is ``local_files_only``.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -31,6 +33,32 @@ def model_folder(path: str | Path) -> Path:
         raise PolicyLoadError(f"model.path={str(path)!r}: no such built-in model; the built-in ones are "
                               + ", ".join(repr(k) for k in BUILTIN_MODELS))
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
+
+
+# files that decide what a model folder computes (weights, architecture, tokenizer, chat template)
+MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+
+
+@lru_cache(maxsize=8)
+def _folder_hash(folder: Path, stamp: tuple) -> str:
+    h = hashlib.sha256()
+    for f in sorted({f for pattern in MODEL_FILES for f in folder.glob(pattern)}):
+        if f.name == "generation_config.json":  # decoding defaults; p2prl's sampling section decides
+            continue
+        h.update(f.name.encode() + b"\0")
+        with f.open("rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def model_hash(path: str) -> str:
+    """sha256 over the files of a model folder (``builtin`` = the shipped model) that decide what it computes:
+    the run config's model (``p2prl.swarm.runconfig``) and the base a LoRA adapter sits on (``add_lora``)."""
+    folder = model_folder(path).resolve()
+    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file())
+    return _folder_hash(folder, stamp)
 
 
 class PolicyLoadError(RuntimeError):
@@ -66,9 +94,11 @@ def resolve_device(name: str) -> torch.device:
     dev = torch.device(name)
     if dev.type == "cuda":
         if not torch.cuda.is_available():
-            raise PolicyLoadError(f"model.device={name}, but torch sees no CUDA device here; use model.device=cpu or auto")
+            raise PolicyLoadError(f"model.device={name}, but torch sees no CUDA device here; "
+                                  "use model.device=cpu or auto")
         if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise PolicyLoadError(f"model.device={name}, but this machine has {torch.cuda.device_count()} CUDA device(s)")
+            raise PolicyLoadError(f"model.device={name}, but this machine has {torch.cuda.device_count()} "
+                                  "CUDA device(s)")
     return dev
 
 
@@ -136,8 +166,6 @@ def add_lora(model: torch.nn.Module, settings: ModelConfig, folder: Path) -> tor
     """
     from peft import LoraConfig, get_peft_model
 
-    from p2prl.swarm.runconfig import model_hash
-
     config = LoraConfig(r=settings.lora_rank, lora_alpha=settings.lora_alpha, lora_dropout=settings.lora_dropout,
                         target_modules=list(settings.lora_targets), bias="none")
     with torch.random.fork_rng(devices=[]):
@@ -145,7 +173,8 @@ def add_lora(model: torch.nn.Module, settings: ModelConfig, folder: Path) -> tor
         try:
             model = get_peft_model(model, config)
         except ValueError as e:  # e.g. no module of the model is named like a target
-            raise PolicyLoadError(f"model.lora_targets={list(settings.lora_targets)} do not fit the model in {folder}: {e}") from e
+            raise PolicyLoadError(f"model.lora_targets={list(settings.lora_targets)} do not fit the model in "
+                                  f"{folder}: {e}") from e
     model.base_sha256 = model_hash(str(folder))
     return model
 
@@ -224,5 +253,6 @@ def sequence_logprobs(
     out = []
     for i in range(0, B * T, rows):
         h, tok = flat[i : i + rows], tokens[i : i + rows]
-        out.append(torch.utils.checkpoint.checkpoint(chunk, h, tok, use_reentrant=False) if checkpoint else chunk(h, tok))
+        out.append(torch.utils.checkpoint.checkpoint(chunk, h, tok, use_reentrant=False) if checkpoint
+                   else chunk(h, tok))
     return torch.cat(out).view(B, T)

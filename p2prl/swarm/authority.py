@@ -10,6 +10,9 @@ authorizing its peer id, and the same peer id authenticates its libp2p streams.
 Learners publish the run record in the DHT with every heartbeat; every peer keeps the newest
 valid one (signed by ``trust.authority``, this run, not expired). In open mode (no authority)
 every check passes: today's behaviour for local runs. See ``docs/protocol.md``.
+
+The ``p2prl run`` commands, which create and re-sign the run record, are at the end (their parser is in
+``p2prl.cli``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import ClassVar
 import msgpack
 from pydantic import Field, field_validator
 
-from p2prl.config import ConfigError
+from p2prl.config import Config, ConfigError, usable_file
 from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
 
 log = logging.getLogger("p2prl.authority")
@@ -57,7 +60,8 @@ class LearnerKey:
         from hivemind.proto import crypto_pb2
 
         self._key = serialization.load_der_private_key(crypto_pb2.PrivateKey.FromString(identity).data, password=None)
-        spki = self._key.public_key().public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+        spki = self._key.public_key().public_bytes(serialization.Encoding.DER,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo)
         self.public = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=spki).SerializeToString()
         self.peer_id = _peer_id_of(self.public)
 
@@ -244,7 +248,8 @@ class Trust:
         if self.open:
             return "trust: open (anyone may publish versions)"
         n = len(self.record.learners) if self.record else 0
-        return f"trust: authority {self.authority[:12]}, {n} learners" + ("" if self.record else " (no valid run record seen)")
+        return (f"trust: authority {self.authority[:12]}, {n} learners"
+                + ("" if self.record else " (no valid run record seen)"))
 
     def refresh(self, found: dict[str, bytes]) -> RunRecord | None:
         """Adopt the newest valid run record among ``found`` (DHT subkey -> value); the record held now."""
@@ -254,8 +259,8 @@ class Trust:
                 continue
             if rec.problem(self.authority, self.run_id) is None:
                 if self.record is not None and set(rec.learners) != set(self.record.learners):
-                    log.info("run record of %s: %d authorized learners", time.strftime("%H:%M:%S", time.gmtime(rec.issued)),
-                             len(rec.learners))
+                    log.info("run record of %s: %d authorized learners",
+                             time.strftime("%H:%M:%S", time.gmtime(rec.issued)), len(rec.learners))
                 self.record = rec
             else:
                 self.reject("run_record", peer)
@@ -271,7 +276,8 @@ class Trust:
         return rec is not None and peer in rec.learners and rec.expires > time.time()
 
     def policy_ok(self, publisher: str, rec: PolicyRecord) -> bool:
-        """Open mode: always; else ``rec`` is signed by ``publisher``'s key and ``publisher`` is an authorized learner."""
+        """Open mode: always; else ``rec`` is signed by ``publisher``'s key and ``publisher`` is an authorized
+        learner."""
         if self.open:
             return True
         return (self.authorized(publisher)
@@ -315,3 +321,125 @@ def learner_trust(authority: str, record_path: str, identity_path: str, run_id: 
         raise TrustError(f"this learner ({key.peer_id}) is not authorized in {record_path!r}; the run authority runs "
                          f"`p2prl run add-learner <its run folder> {key.peer_id}` and sends back run.record")
     return Trust(authority, run_id, rec, key)
+
+
+# ---- the `p2prl run` commands (their parser is in p2prl.cli) ----------------------------------------
+def init_run(out: Path, cfg: Config, learners: list[str], expires_days: float) -> None:
+    """``p2prl run init``: a new authority key in ``out`` and a run record it signs (``cfg``'s run id and config,
+    ``learners``); prints the lines the run's peers need."""
+    key_file = out / "authority.key"
+    if key_file.exists():
+        raise ConfigError(f"{key_file} exists: this folder already holds a run authority (use `p2prl run add-learner`)")
+    if expires_days <= 0:
+        raise ConfigError("--expires-days must be positive")
+    for p in learners:
+        _check_peer_id(p)
+    from p2prl.swarm.runconfig import run_config
+    from p2prl.tasks import make_task
+
+    config = run_config(cfg, make_task(cfg.task))
+    out.mkdir(parents=True, exist_ok=True)
+    key = new_authority_key()
+    save_authority_key(key, key_file)
+    rec = new_run_record(cfg.net.run_id, config, learners, expires_days, key)
+    (out / "run.record").write_bytes(rec.encode())
+    pub = public_hex(key)
+    print(f"run {rec.run_id!r}: authority key in {key_file} (keep it secret), signed run record in "
+          f"{out / 'run.record'}")
+    print(f"authority public key: {pub}\n")
+    print(f"every peer of the run, in its config:\n  [trust]\n  authority = \"{pub}\"\n"
+          f"or on the command line: trust.authority={pub}\n")
+    print(f"learners also (with a stable identity, --identity-path FILE):\n  run_record = \"{out / 'run.record'}\"\n"
+          f"authorize a learner: p2prl run add-learner {out} (PEER_ID | --identity FILE)")
+
+
+def add_learner(out: Path, peer: str | None, identity: str | None, expires_days: float | None) -> None:
+    """``p2prl run add-learner``: authorize ``peer``, or the peer id of the libp2p identity file ``identity``
+    (created when missing), in ``out``'s run record and sign it again; ``expires_days`` also renews it."""
+    key, rec = _authority_folder(out)
+    if identity:
+        usable_file(identity, "--identity", read_only_if_exists=True)
+        peer = create_identity(identity)
+        print(f"learner identity {identity}: peer id {peer}")
+    else:
+        peer = _check_peer_id(peer)
+    if expires_days is not None and expires_days <= 0:
+        raise ConfigError("--expires-days must be positive")
+    expires = time.time() + expires_days * 86400 if expires_days is not None else rec.expires
+    if expires <= time.time():
+        raise TrustError(f"{out / 'run.record'} expired on {time.strftime('%Y-%m-%d', time.gmtime(rec.expires))}; "
+                         "renew it with --expires-days N")
+    if len(set(rec.learners) | {peer}) > MAX_LEARNERS:
+        raise TrustError(f"a run record holds at most {MAX_LEARNERS} learners")
+    new = RunRecord(run_id=rec.run_id, config=rec.config, learners=sorted(set(rec.learners) | {peer}),
+                    issued=max(time.time(), rec.issued + 1e-3), expires=expires).signed(key)
+    _write_run_record(out, new)
+    print(f"authorized learner {peer} in run {new.run_id!r} ({len(new.learners)} learners); send "
+          f"{out / 'run.record'} to the learners (trust.run_record)")
+
+
+def remove_learner(out: Path, peer: str) -> None:
+    """``p2prl run remove-learner``: revoke ``peer`` in ``out``'s run record and sign it again with a later
+    issue time, so that every peer adopts it over the one that authorized ``peer``."""
+    key, rec = _authority_folder(out)
+    peer = _check_peer_id(peer)
+    if peer not in rec.learners:
+        raise TrustError(f"{peer} is not an authorized learner of run {rec.run_id!r} "
+                         f"(`p2prl run show {out / 'run.record'}` lists them)")
+    _write_run_record(out, RunRecord(run_id=rec.run_id, config=rec.config,
+                                     learners=[p for p in rec.learners if p != peer],
+                                     issued=max(time.time(), rec.issued + 1e-3), expires=rec.expires).signed(key))
+    print(f"revoked learner {peer} in run {rec.run_id!r} ({len(rec.learners) - 1} learners left); send "
+          f"{out / 'run.record'} to the remaining learners (trust.run_record)")
+
+
+def show_run_record(path: Path, authority: str | None) -> int:
+    """``p2prl run show``: print the run record at ``path``, its signature checked against ``authority`` (or the
+    authority.key next to it); the exit code: 2 when the signature is invalid."""
+    rec = load_run_record(path, "run record")
+    if authority is None and (path.parent / "authority.key").exists():
+        authority = public_hex(load_authority_key(path.parent / "authority.key"))
+    when = lambda t: time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))  # noqa: E731
+    print(f"run id:   {rec.run_id}\nissued:   {when(rec.issued)}\nexpires:  {when(rec.expires)}"
+          + ("   (EXPIRED)" if rec.expires <= time.time() else ""))
+    if authority:
+        problem = rec.problem(authority, rec.run_id, now=0.0)
+        print(f"signature: {'valid' if problem is None else 'INVALID'} for authority {authority}")
+    else:
+        print("signature: not checked (pass --authority HEX)")
+    print(f"learners ({len(rec.learners)}):" + "".join(f"\n  {p}" for p in rec.learners))
+    c = rec.run_config()
+    print(f"config:\n  model sha256 {c.model}\n  task {c.task}\n  lora {c.lora}")
+    for section in ("sampling", "algo", "optim"):
+        print(f"  {section}: " + ", ".join(f"{k}={v}" for k, v in getattr(c, section).items()))
+    return 0 if authority is None or problem is None else 2
+
+
+def _authority_folder(out: Path) -> tuple:
+    """The authority key and run record in ``out`` (as ``init_run`` wrote them), checked to belong together."""
+    key = load_authority_key(out / "authority.key")
+    rec = load_run_record(out / "run.record", "run record")
+    problem = rec.problem(public_hex(key), rec.run_id, now=0.0)
+    if problem:
+        raise TrustError(f"{out / 'run.record'} does not belong to {out / 'authority.key'}: {problem}")
+    return key, rec
+
+
+def _write_run_record(out: Path, rec: RunRecord) -> None:
+    """Replace ``out``'s run record at once: a crash never leaves half a record."""
+    tmp = out / "run.record.tmp"
+    tmp.write_bytes(rec.encode())
+    tmp.replace(out / "run.record")
+
+
+def _check_peer_id(peer: str) -> str:
+    """``peer`` if it has the shape of a libp2p peer id (a base58 multihash), else a ``ConfigError``."""
+    import base58
+
+    try:
+        raw = base58.b58decode(peer)
+    except ValueError:
+        raw = b""
+    if not (len(peer) <= 128 and len(raw) > 2 and raw[1] == len(raw) - 2):
+        raise ConfigError(f"{peer!r} is not a libp2p peer id (like the 12D3KooW... or Qm... id a peer prints)")
+    return peer

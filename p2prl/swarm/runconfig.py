@@ -9,47 +9,22 @@ produce records the run rejects one by one.
 
 from __future__ import annotations
 
-import hashlib
-from functools import lru_cache
-from pathlib import Path
-
 from p2prl.config import Config, ConfigError
-from p2prl.policy.model import model_folder
+from p2prl.policy.model import model_hash
 from p2prl.swarm.dht import RunConfigRecord
 from p2prl.tasks import Task
 
 SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")
 LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim")
-PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")  # sampling keys each peer chooses (how it generates, not what)
+# sampling keys each peer chooses (how it generates, not what)
+PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay", "max_grad_norm")
-# files that decide what a model folder computes (weights, architecture, tokenizer, chat template)
-MODEL_FILES = ("*.json", "*.safetensors", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay",
+              "max_grad_norm")
 
 
 class RunConfigMismatch(ConfigError):
     """This peer's config differs from the run's; the message lists every differing key with both values."""
-
-
-@lru_cache(maxsize=8)
-def _folder_hash(folder: Path, stamp: tuple) -> str:
-    h = hashlib.sha256()
-    for f in sorted({f for pattern in MODEL_FILES for f in folder.glob(pattern)}):
-        if f.name == "generation_config.json":  # decoding defaults; p2prl's sampling section decides
-            continue
-        h.update(f.name.encode() + b"\0")
-        with f.open("rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def model_hash(path: str) -> str:
-    """sha256 over the files of a model folder (``builtin`` = the shipped model) that decide what it computes."""
-    folder = model_folder(path).resolve()
-    stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file())
-    return _folder_hash(folder, stamp)
 
 
 def lora_settings(cfg: Config) -> dict:
@@ -64,8 +39,8 @@ def run_config(cfg: Config, task: Task) -> RunConfigRecord:
     """This peer's view of the run's config."""
     return RunConfigRecord(
         model=model_hash(cfg.model.path), lora=lora_settings(cfg), task=task.fingerprint(),
-        sampling={k: v for k, v in cfg.sampling.model_dump().items() if k not in PEER_LOCAL}, algo=cfg.algo.model_dump(),
-        optim={k: getattr(cfg.train, k) for k in OPTIM_KEYS},
+        sampling={k: v for k, v in cfg.sampling.model_dump().items() if k not in PEER_LOCAL},
+        algo=cfg.algo.model_dump(), optim={k: getattr(cfg.train, k) for k in OPTIM_KEYS},
     )
 
 

@@ -1,9 +1,12 @@
 """The package's import structure, read from the source with ``ast`` (nothing is imported).
 
-* No import cycle among p2prl modules. Only imports that run when a module is imported
-  count: those at module level and in class bodies, including under module-level ``if`` /
-  ``try``, but not those inside functions (lazy imports, which keep torch and hivemind out
-  of ``p2prl --help``) nor under ``if TYPE_CHECKING:``.
+* No import cycle among p2prl modules, whether only the imports that run when a module is
+  imported count (those at module level and in class bodies, including under module-level
+  ``if`` / ``try``) or those inside functions too (lazy imports, which keep torch and hivemind
+  out of ``p2prl --help``): a lazy import defers a dependency, it does not remove it, and a
+  cycle through one still ties a low-level module to everything above it (one that lazily
+  imports the CLI depends on all that the CLI imports). Imports under ``if TYPE_CHECKING:``,
+  which never run, never count.
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
   (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
@@ -43,16 +46,17 @@ def _absolute(module: str, node: ast.ImportFrom) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def _import_time_nodes(tree: ast.AST):
-    """The nodes that run when the module is imported: not function bodies, not ``if TYPE_CHECKING:``."""
+def _import_time_nodes(tree: ast.AST, lazy: bool = False):
+    """The nodes that run when the module is imported: not function bodies (``lazy``: those too), not
+    ``if TYPE_CHECKING:``."""
     for child in ast.iter_child_nodes(tree):
-        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if not lazy and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             continue
         if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-            yield from (n for stmt in child.orelse for n in [stmt, *_import_time_nodes(stmt)])
+            yield from (n for stmt in child.orelse for n in [stmt, *_import_time_nodes(stmt, lazy)])
             continue
         yield child
-        yield from _import_time_nodes(child)
+        yield from _import_time_nodes(child, lazy)
 
 
 def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
@@ -67,10 +71,11 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return subs + ([source] if plain else [])
 
 
-def import_graph() -> dict[str, set[str]]:
+def import_graph(lazy: bool = False) -> dict[str, set[str]]:
+    """module -> the p2prl modules it imports when imported (``lazy``: or in any of its functions)."""
     graph = {}
     for name, (_, tree) in MODULES.items():
-        graph[name] = {t for n in _import_time_nodes(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+        graph[name] = {t for n in _import_time_nodes(tree, lazy) if isinstance(n, (ast.Import, ast.ImportFrom))
                        for t in _targets(name, n) if t != name}
     return graph
 
@@ -151,11 +156,22 @@ def test_the_checks_see_the_package():
     graph = import_graph()
     assert "p2prl.experiments.grid" in graph["p2prl.experiments.latency"]
     assert "p2prl.launch.procs" in graph["p2prl.launch.local"]
+    assert "p2prl.launch.local" not in graph["p2prl.cli"]  # imported inside _cmd_swarm
+    assert "p2prl.launch.local" in import_graph(lazy=True)["p2prl.cli"]
 
 
 def test_the_checks_can_fail():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
+    assert every_cycle({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"], ["b", "c", "b"]]
+    probe = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    import p2prl.cli\n"
+                      "def f():\n    from p2prl.launch import procs\n")
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", probe)
+    try:
+        assert import_graph()["p2prl._layout_probe"] == set()
+        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.launch.procs"}
+    finally:
+        del MODULES["p2prl._layout_probe"]
     tree = ast.parse("import p2prl.config as c\nfrom p2prl.launch.procs import _x\nc._y\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
     try:
@@ -170,6 +186,24 @@ def test_the_checks_can_fail():
 def test_no_import_cycles():
     cycles = find_cycles(import_graph())
     assert not cycles, "import cycles among p2prl modules:\n  " + "\n  ".join(" -> ".join(c) for c in cycles)
+
+
+def every_cycle(graph: dict[str, set[str]]) -> list[list[str]]:
+    """``find_cycles`` until none is left, each round without the closing edge of every cycle found before, so
+    that one cycle does not hide another in the same component: every cycle of ``graph`` goes through one of
+    the closing edges of those listed."""
+    graph, out = {v: set(ws) for v, ws in graph.items()}, []
+    while cycles := find_cycles(graph):
+        out += cycles
+        for c in cycles:
+            graph[c[-2]].discard(c[-1])
+    return out
+
+
+def test_no_import_cycles_through_lazy_imports():
+    cycles = every_cycle(import_graph(lazy=True))
+    assert not cycles, ("import cycles among p2prl modules, counting the imports inside functions:\n  "
+                        + "\n  ".join(" -> ".join(c) for c in cycles))
 
 
 def test_no_module_uses_another_modules_private_names():

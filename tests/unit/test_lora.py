@@ -10,9 +10,10 @@ from p2prl.config import Config, ConfigError, load_config
 from p2prl.learner.core import LearnerCore, collate
 from p2prl.policy import PolicyLoadError, load_policy, sequence_logprobs
 from p2prl.policy.backends.hf import HFGenerator
+from p2prl.policy.model import model_hash
 from p2prl.policy.weights import BASE_KEY, _metadata, load_weights, serialize_weights
 from p2prl.sampler.core import SamplerCore
-from p2prl.swarm.runconfig import SAMPLER_SECTIONS, differences, model_hash, run_config
+from p2prl.swarm.runconfig import SAMPLER_SECTIONS, differences, run_config
 from p2prl.tasks.addition import AdditionTask
 
 G = 4
