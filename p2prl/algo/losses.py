@@ -25,8 +25,9 @@ with ``variant="plus"`` also ``plus_own_frac`` (share of rows using their own q)
 
 Every loss takes a keyword-only ``beta_kl``: ``loss = pg_loss + beta_kl * kl_k3``
 (the k3 term with gradient; the HeteroRL runs add it to every objective with
-0.005). ``loss_kwargs(algo, group_size)`` builds the keyword arguments of
-``LOSSES[algo.name]`` from a config section.
+0.005). GRPO and GSPO take their clip ranges as arguments, GEPO its options as
+one ``GepoOptions``. ``loss_kwargs(algo, group_size)`` builds the keyword
+arguments of ``LOSSES[algo.name]`` from a config section.
 
 Numerics: inputs in a precision below float32 are upcast to float32; all
 sequence quantities are length-normalised sums in log space, so 4096-token
@@ -271,9 +272,7 @@ def gspo_loss(
 # ----------------------------------------------------------------------------
 
 
-def _check_gepo_options(
-    scope: str, estimator: str, beta_kl: float, variant: str = "standard", plus_k3: float = 0.0
-) -> None:
+def _check_gepo_options(scope: str, estimator: str, variant: str = "standard", plus_k3: float = 0.0) -> None:
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; expected one of {SCOPES}")
     if estimator not in ESTIMATORS:
@@ -282,7 +281,33 @@ def _check_gepo_options(
         raise ValueError(f"unknown variant {variant!r}; expected one of {VARIANTS}")
     if not plus_k3 >= 0:
         raise ValueError(f"plus_k3 must be >= 0, got {plus_k3}")
-    _check_beta_kl(beta_kl)
+
+
+@dataclass(frozen=True)
+class GepoOptions:
+    """GEPO's settings besides ``beta_kl``, checked when built (``ValueError`` naming the problem).
+
+    group_size: G; rows are grouped contiguously in blocks of G, which must divide B under both scopes
+        (the loss checks it; for a mixed micro-batch with scope="batch", pass group_size=B).
+    eps: the weight is clipped to [1 - eps, 1 + eps].
+    scope: "group" (paper) or "batch" (denominator over all B rows, as in the authors' code).
+    estimator: not in the paper. "paper" is sum q^2/sum q; "mean" is the arithmetic mean of q_j
+        (the unbiased E_q[q] estimate for j ~ q).
+    variant: "standard" is the paper's formula; "plus" (the authors' code, "gepo+") lets a row whose
+        per-token mean k3 is below ``plus_k3`` use its own lq_i instead of log E_{group(i)} (GSPO's
+        ratio for sequences the learner barely moved from the sampler).
+    """
+
+    group_size: int
+    eps: float = 0.2
+    scope: str = "group"
+    estimator: str = "paper"
+    variant: str = "standard"
+    plus_k3: float = 0.002
+
+    def __post_init__(self) -> None:
+        _check_eps("eps", self.eps, 1.0)
+        _check_gepo_options(self.scope, self.estimator, self.variant, self.plus_k3)
 
 
 def _log_expectation(lq: Tensor, estimator: str) -> Tensor:
@@ -308,45 +333,32 @@ def gepo_log_denominator(
     if not isinstance(lq, Tensor) or lq.dim() != 1:
         raise ValueError("lq must be a 1-D tensor [B]")
     check_group_size(lq.shape[0], group_size)
-    _check_gepo_options(scope, estimator, 0.0)
+    _check_gepo_options(scope, estimator)
     lq = lq.detach()  # (B,)
     sets = lq.reshape(-1, group_size) if scope == "group" else lq.reshape(1, -1)  # (n_sets, n)
     log_e = _log_expectation(sets, estimator)  # (n_sets,)
     return log_e.repeat_interleave(sets.shape[1])  # (B,)
 
 
-def _gepo_log_weights(
-    b: _Batch, group_size: int, scope: str, estimator: str, variant: str, plus_k3: float
-) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def _gepo_log_weights(b: _Batch, o: GepoOptions) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """(log w_i, lp_i - lq_i, log D_i, own_i), each (B,); log w carries grad through lp only.
 
     D_i is the group expectation E_{group(i)}; with variant "plus", rows whose per-token
     mean k3 is below ``plus_k3`` (``own_i``) use their own lq_i instead.
     """
     lp, lq = _seq_log_probs(b)  # (B,), (B,)
-    log_d = gepo_log_denominator(lq, group_size, scope, estimator)  # (B,)
+    log_d = gepo_log_denominator(lq, o.group_size, o.scope, o.estimator)  # (B,)
     own = torch.zeros_like(lq, dtype=torch.bool)  # (B,)
-    if variant == "plus":
-        own = _k3_per_seq(b).detach() < plus_k3  # (B,)
+    if o.variant == "plus":
+        own = _k3_per_seq(b).detach() < o.plus_k3  # (B,)
         log_d = torch.where(own, lq, log_d)
     return lp - log_d, lp - lq, log_d, own
 
 
-def gepo_weights(
-    logp: Tensor,
-    logq: Tensor,
-    mask: Tensor,
-    group_size: int,
-    scope: str = "group",
-    *,
-    estimator: str = "paper",
-    variant: str = "standard",
-    plus_k3: float = 0.002,
-) -> Tensor:
-    """GEPO weights w_i = exp(lp_i - log E_{group(i)}), (B,), differentiable in logp."""
-    _check_gepo_options(scope, estimator, 0.0, variant, plus_k3)
-    b = _prepare(logp, logq, mask, None, group_size)
-    return torch.exp(_gepo_log_weights(b, group_size, scope, estimator, variant, plus_k3)[0])
+def gepo_weights(logp: Tensor, logq: Tensor, mask: Tensor, options: GepoOptions) -> Tensor:
+    """GEPO weights w_i = exp(lp_i - log E_{group(i)}), (B,), differentiable in logp (``options.eps`` unused)."""
+    b = _prepare(logp, logq, mask, None, options.group_size)
+    return torch.exp(_gepo_log_weights(b, options)[0])
 
 
 def gepo_loss(
@@ -354,14 +366,9 @@ def gepo_loss(
     logq: Tensor,
     mask: Tensor,
     advantages: Tensor,
-    group_size: int,
-    eps: float = 0.2,
-    scope: str = "group",
-    beta_kl: float = 0.0,
+    options: GepoOptions,
     *,
-    estimator: str = "paper",
-    variant: str = "standard",
-    plus_k3: float = 0.002,
+    beta_kl: float = 0.0,
 ) -> tuple[Tensor, dict]:
     """GEPO: group-expectation importance weight with PPO clipping (spec "GEPO").
 
@@ -371,28 +378,14 @@ def gepo_loss(
         loss = mean_i( -min(w_i*A_i, clip(w_i, 1-eps, 1+eps)*A_i) )
                + beta_kl * mean_i( sum_t(k3*mask)/L_i )      (k3 with gradient)
 
-    Args:
-        group_size: G; rows are grouped contiguously in blocks of G. Checked to
-            divide B for both scopes (for a mixed micro-batch with scope="batch",
-            pass group_size=B).
-        scope: "group" (paper, default) or "batch" (denominator over all B rows,
-            as in the authors' code).
-        beta_kl: weight of the k3 KL(q||p) penalty toward the sampler (HeteroRL
-            runs: 0.005); 0 adds nothing.
-        estimator: keyword-only, not in the paper. "paper" is sum q^2/sum q;
-            "mean" is the arithmetic mean of q_j (the unbiased E_q[q] estimate
-            for j ~ q).
-        variant: keyword-only. "standard" is the formula above; "plus" (the
-            authors' code, "gepo+") lets a row whose per-token mean k3 is below
-            ``plus_k3`` use its own lq_i instead of log E_{group(i)} (GSPO's
-            ratio for sequences the learner barely moved from the sampler).
+    ``options``: G, eps, scope, estimator and variant (``GepoOptions``); ``beta_kl``: weight
+    of the k3 KL(q||p) penalty toward the sampler (HeteroRL runs: 0.005); 0 adds nothing.
     """
-    _check_eps("eps", eps, 1.0)
-    _check_gepo_options(scope, estimator, beta_kl, variant, plus_k3)
-    b = _prepare(logp, logq, mask, advantages, group_size)
-    log_w, log_s, log_d, own = _gepo_log_weights(b, group_size, scope, estimator, variant, plus_k3)  # (B,) each
+    _check_beta_kl(beta_kl)
+    b = _prepare(logp, logq, mask, advantages, options.group_size)
+    log_w, log_s, log_d, own = _gepo_log_weights(b, options)  # (B,) each
     w = torch.exp(log_w)  # (B,)
-    terms, binds = _clipped_surrogate(w, b.adv, 1 - eps, 1 + eps)  # (B,)
+    terms, binds = _clipped_surrogate(w, b.adv, 1 - options.eps, 1 + options.eps)  # (B,)
     pg_loss = terms.mean()
     loss = _with_kl(pg_loss, b, beta_kl)
     metrics = _metrics(loss, pg_loss, w, binds, b)
@@ -402,7 +395,7 @@ def gepo_loss(
         seq_ratio_mean=float(s.mean()),
         seq_ratio_var=float(s.var(unbiased=False)),
     )
-    if variant == "plus":
+    if options.variant == "plus":
         metrics["plus_own_frac"] = float(own.float().mean())
     return loss, metrics
 
@@ -413,8 +406,9 @@ LOSSES = {"grpo": grpo_loss, "gspo": gspo_loss, "gepo": gepo_loss}
 _KWARGS = {
     "grpo": lambda a, G: {"eps": a.eps},
     "gspo": lambda a, G: {"eps_low": a.gspo_eps_low, "eps_high": a.gspo_eps_high},
-    "gepo": lambda a, G: {"group_size": G, "eps": a.eps, "scope": a.scope,
-                          "variant": a.gepo_variant, "plus_k3": a.plus_k3},
+    "gepo": lambda a, G: {
+        "options": GepoOptions(G, eps=a.eps, scope=a.scope, variant=a.gepo_variant, plus_k3=a.plus_k3)
+    },
 }
 
 

@@ -107,7 +107,8 @@ def probe(tun_path: str = TUN_PATH) -> str | None:
     if not has_net_admin(Path("/proc/self/status").read_text()):
         return "needs root or CAP_NET_ADMIN to create network namespaces and TUN devices"
     if not Path(tun_path).exists():
-        return f"no TUN device node at {tun_path} (is the tun kernel module loaded / the device passed to the container?)"
+        return (f"no TUN device node at {tun_path} "
+                "(is the tun kernel module loaded / the device passed to the container?)")
     why = _refused(["unshare", "-n", "true"])
     if why:
         return f"`unshare -n` (a new network namespace) is refused: {why}"
@@ -272,14 +273,16 @@ def run_swarm(plan: CellPlan, logs: Path, timeout_s: float) -> tuple[float, dict
         maddr = wait_for_file(maddrs, boot, 60, "the bootstrap").split()[0]
 
         def join(i: int, role: str, *extra: str) -> list[str]:
-            return ["join", "--role", role, "--config", plan.config_path, "--initial-peers", maddr, "--no-progress", "--json",
-                    *extra, *plan.overrides, f'net.host_maddrs=["/ip4/{peer_address(i)}/tcp/0"]']
+            return ["join", "--role", role, "--config", plan.config_path, "--initial-peers", maddr, "--no-progress",
+                    "--json", *extra, *plan.overrides, f'net.host_maddrs=["/ip4/{peer_address(i)}/tcp/0"]']
 
         started = time.time()
+        # train.wait_for_samplers: every sampler in from step 1
         learner = lab.peer("learner", holders[1], [*join(1, "learner"), f"train.out_dir={plan.dir / 'learner'}",
-                                                    f"train.wait_for_samplers={n_samplers}"])  # every sampler in from step 1
+                                                    f"train.wait_for_samplers={n_samplers}"])
         samplers = [lab.peer(f"sampler{i}", holders[2 + i],
-                             join(2 + i, "sampler", "--client-mode", "--identity-path", str(plan.dir / f"sampler{i}.id")))
+                             join(2 + i, "sampler", "--client-mode",
+                                  "--identity-path", str(plan.dir / f"sampler{i}.id")))
                     for i in range(n_samplers)]
         try:
             code = learner.wait(timeout=timeout_s)
@@ -370,9 +373,11 @@ def sampler_table(summaries: list[dict]) -> str:
     for s in sorted(summaries, key=lambda s: (ALGOS.index(s["algo"]), s["rtt"], s["seed"])):
         for x in s["samplers"]:
             made = "?" if x["groups_made"] is None else str(x["groups_made"])
-            note = "" if x["exited_early"] is None else f"exited early (code {x['exited_early']}): logs/sampler{x['sampler']}.log"
+            note = ("" if x["exited_early"] is None
+                    else f"exited early (code {x['exited_early']}): logs/sampler{x['sampler']}.log")
             lines.append(f"| {s['algo']} | {s['rtt']} | {s['seed']} | {x['rtt_ms']:g} | {made} | "
-                         f"{x['groups_trained']} | {x['lag_mean']:.2f} | {x['lag_max']} | {x['refused_stale']} | {note} |")
+                         f"{x['groups_trained']} | {x['lag_mean']:.2f} | {x['lag_max']} | {x['refused_stale']} | "
+                         f"{note} |")
     return "\n".join(lines)
 
 

@@ -5,9 +5,9 @@ transformers and the model's modules: about 6 s of CPU a peer) is imported once,
 per peer (elsewhere each peer is a new interpreter): the bootstrap is forked once hivemind
 is imported, the learners and samplers once this process has imported the model's modules
 too (while the bootstrap starts). The peers join the DHT through the multiaddrs the bootstrap writes to
-``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own session (process group)
-and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and SIGHUP (its terminal closed)
-this process stops every child before it exits, and every child gets SIGTERM from the
+``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own
+session (process group) and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and
+SIGHUP (its terminal closed) this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind.
 Every peer's log goes to ``<out_dir>/logs/``; the first learner works in
 ``<out_dir>/learner/`` (metrics, training log, checkpoint, summary, plot) and its progress
@@ -88,7 +88,8 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         preload(cfg.model.path)
         learner = start("learner", [
             "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
-            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}"], log=False)
+            "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}",
+        ], log=False)
         for i in range(1, n_learners):
             start(f"learner{i}", ["join", "--role", "learner", *common, "--no-progress",
                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])

@@ -30,7 +30,8 @@ Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # one completion: prompt ids (P
 
 def group_rows(groups: list[RolloutGroup]) -> list[Row]:
     """The completions of ``groups``, rows grouped by G, unpadded."""
-    return [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]]) for g in groups for i in range(g.group_size)]
+    return [(g.prompt_ids, g.tokens[i, : g.lengths[i]], g.logq[i, : g.lengths[i]])
+            for g in groups for i in range(g.group_size)]
 
 
 def collate_rows(rows: list[Row], pad_id: int) -> dict[str, torch.Tensor]:
@@ -109,7 +110,8 @@ class LearnerCore:
             units = shuffled_chunks(len(rows), a.batch_rows, seed=self.cfg.train.seed * 1_000_003 + self.version)
         else:
             units = [list(range(i, i + G)) for i in range(0, len(rows), G)]
-        micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows], self.cfg.train.micro_batch_tokens)
+        micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows],
+                           self.cfg.train.micro_batch_tokens)
         self.optimizer.zero_grad(set_to_none=True)
         parts = []  # (metrics, rows, masked tokens) per loss call
         fresh = torch.tensor([groups[i // G].policy_version == self.version for i in range(len(rows))])  # lag 0 rows
@@ -119,7 +121,8 @@ class LearnerCore:
             batch = collate_rows([rows[i] for i in idx], self.policy.pad_id)
             batch["adv"] = adv[idx]
             batch = {k: v.to(model.device) for k, v in batch.items()}
-            logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"], s.temperature)  # (b, T)
+            logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"],
+                                     s.temperature)  # (b, T)
             at0 = fresh[idx].to(model.device)
             if at0.any():  # same weights as the sampler: what is left is the inference engine's mismatch
                 mismatch.append((logprob_mismatch(batch["logq"][at0], logp.detach()[at0], batch["mask"][at0].bool()),

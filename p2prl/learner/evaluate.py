@@ -9,7 +9,8 @@ from p2prl.tasks import Task, render_prompt
 
 
 @torch.no_grad()
-def heldout_accuracy(policy: Policy, task: Task, n: int, max_new_tokens: int | None = None, batch_size: int = 256) -> float:
+def heldout_accuracy(policy: Policy, task: Task, n: int, max_new_tokens: int | None = None,
+                     batch_size: int = 256) -> float:
     """Mean reward on the first ``n`` held-out problems with greedy decoding (``task.max_answer_tokens`` long,
     else ``max_new_tokens``)."""
     tok, model = policy.tokenizer, policy.model

@@ -127,8 +127,9 @@ class SpotChecker:
         self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
         eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
         if self.fraction > 0 and self.tolerance >= math.log1p(eps):
-            log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery that puts "
-                        "weights at the clip boundary passes a check", self.tolerance, eps, math.log1p(eps), cfg.algo.name)
+            log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery "
+                        "that puts weights at the clip boundary passes a check", self.tolerance, eps, math.log1p(eps),
+                        cfg.algo.name)
 
     def keep(self, version: int, sha256: str, blob: bytes) -> None:
         """Keep the serialized weights of ``version``: the newest ``keep_n`` versions that fit ``keep_bytes`` stay
@@ -192,4 +193,5 @@ class SpotChecker:
     def summary(self) -> dict:
         with self._lock:
             return {"fraction": self.fraction, "tolerance": self.tolerance, **self.counts,
-                    "max_passed": self.max_passed, "failed_by_sampler": {s[-6:]: n for s, n in self.failed_by_sampler.items()}}
+                    "max_passed": self.max_passed,
+                    "failed_by_sampler": {s[-6:]: n for s, n in self.failed_by_sampler.items()}}

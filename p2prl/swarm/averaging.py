@@ -365,8 +365,8 @@ class GradientRounds:
             members[str(peer)] = m
         if len({t[0] for t in tags}) < len(tags):  # a group brought twice would be trained twice: retry without it
             drop = duplicates_to_drop({p: m["groups"] for p, m in members.items()}, str(self.averager.peer_id))
-            raise RoundFailed("duplicate_groups", f"{len(tags) - len({t[0] for t in tags})} group(s) held by two members",
-                              drop)
+            raise RoundFailed("duplicate_groups",
+                              f"{len(tags) - len({t[0] for t in tags})} group(s) held by two members", drop)
         if sum(m["weight"] for m in members.values()) == 0:
             raise RoundFailed("empty", "no learner had data")
         return members
@@ -382,7 +382,8 @@ class GradientRounds:
             if m.get("rule") != rule:
                 raise RoundFailed("mixed_rules", f"peer {peer[-6:]} aggregates with {str(m.get('rule'))[:80]!r}")
             if not (_is_sha256(m.get("digest")) if m["weight"] else m.get("digest") == ""):
-                raise RoundFailed("bad_metadata", f"peer {peer[-6:]}: gradient commitment", bad={peer: "bad_commitment"})
+                raise RoundFailed("bad_metadata", f"peer {peer[-6:]}: gradient commitment",
+                                  bad={peer: "bad_commitment"})
         me = str(self.averager.peer_id)
         senders = [p for p, m in members.items() if m["weight"]]  # sorted by peer id
         blobs = self.exchange.fetch({p: members[p]["digest"] for p in senders if p != me})

@@ -67,7 +67,8 @@ def serve(
     setup_logging("bootstrap")
     stop = stop_on_signals()  # before the DHT starts, so a signal during start-up still ends cleanly
     _prepare_identity(identity_path)
-    log.info("starting the DHT node%s", f" and linking to {len(initial_peers)} initial peer(s)" if initial_peers else "")
+    log.info("starting the DHT node%s",
+             f" and linking to {len(initial_peers)} initial peer(s)" if initial_peers else "")
     dht = start_dht(
         initial_peers, STARTUP_TIMEOUT_S, host_maddrs=host_maddrs, announce_maddrs=announce_maddrs,
         loopback=loopback, identity_path=identity_path, closed_network=closed_network,

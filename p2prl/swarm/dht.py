@@ -48,7 +48,8 @@ def dht_kwargs(
         kw["identity_path"] = identity_path
     if loopback or closed_network:
         # check_if_identity_free would start a throw-away p2pd with hivemind's defaults (NAT probing)
-        kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False, check_if_identity_free=False)
+        kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False,
+                  check_if_identity_free=False)
     return kw
 
 
@@ -80,7 +81,9 @@ def shutdown_dht(dht) -> None:
         dht.join(5)
 
 
-def wait_for_peers_file(path: str, timeout_s: float, stop: threading.Event | None = None, poll_s: float = 0.05) -> list[str]:
+def wait_for_peers_file(
+    path: str, timeout_s: float, stop: threading.Event | None = None, poll_s: float = 0.05
+) -> list[str]:
     """The multiaddrs in ``path`` (one a line, as ``p2prl bootstrap --maddrs-file`` writes them, atomically,
     once its DHT is up), waiting up to ``timeout_s`` for the file or until ``stop`` is set."""
     stop = stop or threading.Event()
@@ -220,11 +223,13 @@ class PeerRecord(_Record):
     software: str = Field(max_length=32)
     updated: float
     banned: int = Field(0, ge=0, le=10**9, description="learners: peers banned now (reputation.py)")
-    banned_ids: list[Annotated[str, Field(max_length=128)]] = Field(default_factory=list, max_length=8, description="learners: the latest of them")
+    banned_ids: list[Annotated[str, Field(max_length=128)]] = Field(
+        default_factory=list, max_length=8, description="learners: the latest of them")
     rejected: int = Field(0, ge=0, le=10**12, description="learners: groups rejected so far (every reason)")
     reward: float | None = Field(None, ge=-1e6, le=1e6, description="learners: mean reward of the last step's groups")
     acc: float | None = Field(None, ge=0.0, le=1.0, description="learners: held-out accuracy at the last evaluation")
-    metrics: str = Field("", max_length=MAX_HOSTPORT, description="HOST:PORT of this peer's Prometheus endpoint; empty: none")
+    metrics: str = Field("", max_length=MAX_HOSTPORT,
+                         description="HOST:PORT of this peer's Prometheus endpoint; empty: none")
 
     @field_validator("metrics")
     @classmethod

@@ -112,7 +112,8 @@ class Membership:
             if rec is not None:
                 self.policies[peer] = rec
             for q in reply["learners"][:MAX_HELLO_LEARNERS]:
-                if isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id and self.node.trust.authorized(q):
+                if (isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id
+                        and self.node.trust.authorized(q)):
                     self.known.setdefault(q, now)
 
     async def on_hello(self, peer: str, reader, writer) -> None:

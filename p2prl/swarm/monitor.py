@@ -79,7 +79,8 @@ def svg_bars(counts: dict[int, int], title: str, x_label: str) -> str:
         x = PAD + 4 + i * slot
         body.append(f'<rect class="bar" x="{x:.1f}" y="{H - PAD - h:.1f}" width="{max(1.0, slot - 4):.1f}" '
                     f'height="{h:.1f}" fill="#1f77b4"><title>{k}: {n}</title></rect>'
-                    f'<text x="{x + slot / 2 - 2:.1f}" y="{H - PAD + 12}" text-anchor="middle" font-size="10">{k}</text>')
+                    f'<text x="{x + slot / 2 - 2:.1f}" y="{H - PAD + 12}" text-anchor="middle" font-size="10">'
+                    f'{k}</text>')
     body.append(f'<text x="{PAD - 4}" y="30" text-anchor="end" font-size="10">{top}</text>')
     return _frame(title, body, x_label)
 
@@ -152,7 +153,8 @@ def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
                 outcomes += [(r, kind, k, n) for k, n in sorted((series or {}).items())]
             for lag, n in (m.get("lag") or {}).items():
                 lags[lag] += int(n)
-        rows.append(f'<tr class="metrics {e(r["role"])}" data-peer="{e(r["peer_id"])}"><td class="l">{e(r["role"])}</td>'
+        rows.append(f'<tr class="metrics {e(r["role"])}" data-peer="{e(r["peer_id"])}">'
+                    f'<td class="l">{e(r["role"])}</td>'
                     f'<td class="l peer-id" title="{e(r["peer_id"])}">{e(r["peer_id"][-10:])}</td>'
                     f'<td class="l state">metrics: {e(state)}</td>'
                     + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
@@ -183,13 +185,15 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
     head = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s:g}">'
             f"<title>p2prl swarm</title><style>{STYLE}</style></head><body>")
     if snap is None:
-        return head + f"<h1>p2prl swarm</h1><p>waiting for the first look-up{': ' + e(error) if error else ''}</p></body></html>"
+        return (head + "<h1>p2prl swarm</h1>"
+                f"<p>waiting for the first look-up{': ' + e(error) if error else ''}</p></body></html>")
     v = snap["policy_version"]
     roles = Counter(r["role"] for r in snap["peers"])
     out = [head, f'<h1>run <span id="run">{e(snap["run_id"])}</span>: policy version '
            f'<span id="version">{v if v is not None else "-"}</span></h1>',
            "<p>" + ", ".join(f"{n} {role}{'s' * (n > 1)}" for role, n in sorted(roles.items())) if roles
-           else "<p>no live peers", f' <span class="dim">(updated {time.strftime("%H:%M:%S", time.localtime(snap["time"]))}'
+           else "<p>no live peers",
+           f' <span class="dim">(updated {time.strftime("%H:%M:%S", time.localtime(snap["time"]))}'
            f'{"; last look-up failed: " + e(error) if error else ""})</span></p>']
     out.append('<h2>Peers</h2><table id="peers"><tr><th class="l">role</th><th class="l">peer</th><th>version</th>'
                "<th>lag</th><th>reward</th><th>accuracy</th><th>groups/s</th><th>queue</th><th>rejected</th>"
@@ -204,7 +208,8 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
                    + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     if snap["other_runs"]:
-        out.append('<h2>Other runs in this DHT</h2><table id="other-runs"><tr><th class="l">run</th><th class="l">peers</th></tr>')
+        out.append('<h2>Other runs in this DHT</h2><table id="other-runs">'
+                   '<tr><th class="l">run</th><th class="l">peers</th></tr>')
         for run, n in snap["other_runs"].items():
             peers = ", ".join(f"{k} {role}{'s' * (k > 1)}" for role, k in sorted(n.items()))
             out.append(f'<tr><td class="l">{e(run)}</td><td class="l">{e(peers)}</td></tr>')

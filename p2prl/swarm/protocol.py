@@ -9,7 +9,7 @@
 ``rollout``  (kept for samplers before protocol 5) one record; reply ``{"status", "reason", "queue"}``.
 ``acks``     sampler -> learner: ``{"ids": [group ids]}``; reply ``{"states": {id: state}, "queue", "free",
              "policy"}``,
-             state one of ``pending`` / ``trained`` / ``dropped`` / ``rejected`` / ``unknown``.
+             state one of ``pending`` / ``trained`` / ``dropped`` / ``unknown``.
 ``weights``  anyone -> holder: ``{"version", "sha256"}``, optionally ``"offset"`` and ``"length"`` (a byte
              range of the blob, protocol 5); reply one status byte (``0`` ok, ``1`` busy, ``2`` missing)
              then the safetensors bytes (of the range).
@@ -155,7 +155,9 @@ class WeightStore:
             got = self._blobs.get(version)
         return got[0] if got else None
 
-    def begin_upload(self, version: int, sha256: str, offset: int = 0, length: int | None = None) -> tuple[bytes, memoryview]:
+    def begin_upload(
+        self, version: int, sha256: str, offset: int = 0, length: int | None = None
+    ) -> tuple[bytes, memoryview]:
         """(status, the blob's bytes ``[offset, offset + length)``, by default all) for a request; call
         ``end_upload`` after sending an OK part. ValueError if the range does not lie inside the blob."""
         with self._lock:
@@ -205,7 +207,8 @@ def weights_handler(store: WeightStore, min_bps: float = 0.0, grace_s: float = 0
         try:
             version, sha256, offset, length = weights_request(await read_frame(reader, MAX_CONTROL_BYTES))
             status, part = store.begin_upload(version, sha256, offset, length)
-        except (ValueError, FrameError) as e:  # a malformed, oversized or out-of-range request is answered with nothing, counted and logged
+        except (ValueError, FrameError) as e:
+            # a malformed, oversized or out-of-range request is answered with nothing, counted and logged
             store.bad_requests += 1
             if reject is not None:
                 reject(peer, "bad_weights_request")

@@ -27,7 +27,8 @@ from p2prl.config import TrustConfig
 log = logging.getLogger("p2prl.reputation")
 
 # rejections an honest peer causes: the staleness rule at work, a learner behind or on another fork, a resend
-HONEST = frozenset({"stale", "future_version", "unknown_version", "weights_mismatch", "duplicate", "banned", "internal"})
+HONEST = frozenset(
+    {"stale", "future_version", "unknown_version", "weights_mismatch", "duplicate", "banned", "internal"})
 MAX_PEERS = 4096  # peers whose recent rejections are remembered (least recently rejected forgotten first)
 MAX_LISTED = 8  # banned peer ids a learner lists in its peer record
 MAX_PEER_ID = 128

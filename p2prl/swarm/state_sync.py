@@ -80,7 +80,9 @@ def decode_state(reply: bytes) -> PeerState:
     return PeerState(h["version"], h["sha256"], h["weight"], published, h["trained"], weights, opt, record)
 
 
-def ahead_of(mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me: str) -> tuple[str, PolicyRecord] | None:
+def ahead_of(
+    mine: PolicyRecord, candidates: list[tuple[str, PolicyRecord]], me: str
+) -> tuple[str, PolicyRecord] | None:
     """The (learner, record) ranking highest above ``mine`` (behind, or on a lost fork), or None."""
     above = [(p, r) for p, r in candidates if p != me and r.rank() > mine.rank()]
     return max(above, key=lambda pr: pr[1].rank()) if above else None

@@ -57,7 +57,8 @@ def render(snap: dict):
                   padding=(0, 1, 0, 0), pad_edge=False)
     for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", "seen"):
         left = col in ("role", "peer")  # never cut: a narrow terminal shrinks the numbers instead
-        table.add_column(col, justify="left" if left else "right", no_wrap=left, min_width=11 if col == "peer" else None)
+        table.add_column(col, justify="left" if left else "right", no_wrap=left,
+                         min_width=11 if col == "peer" else None)
     for r in snap["peers"]:
         learner = r["role"] == "learner"
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),

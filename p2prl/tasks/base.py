@@ -65,7 +65,8 @@ def uses_chat_template(task: Task, tokenizer) -> bool:
 
 
 def render_prompt(tokenizer, task: Task, problem: Problem) -> list[int]:
-    """The prompt token ids of ``problem``: the chat template (with the task's system prompt) when used, else the raw text."""
+    """The prompt token ids of ``problem``: the chat template (with the task's system prompt) when used,
+    else the raw text."""
     if not uses_chat_template(task, tokenizer):
         return list(tokenizer(problem.prompt).input_ids)
     messages = [{"role": "system", "content": task.system_prompt}] if task.system_prompt else []

@@ -10,7 +10,7 @@ integers) cycle through a seeded permutation of the training rows.
 The reward is 1.0 when math-verify finds the completion's answer equal to the reference
 and 0.0 otherwise. math-verify bounds its own work with ``signal.alarm``, which works only
 on a process's main thread, while rewards are computed on any thread (a learner verifies
-records on its network threads). So checks run in small worker processes instead, each
+records on its admission thread). So checks run in small worker processes instead, each
 answering one question at a time over a pipe; a check that is not answered within
 ``task.reward_timeout_s`` scores 0.0 and its worker is killed and replaced. Nothing a
 completion contains can make ``score`` raise or hang.

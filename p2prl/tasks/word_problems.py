@@ -36,7 +36,8 @@ VEHICLES = ["car", "bus", "train", "truck", "bike"]
 class WordProblem:
     id: str
     question: str
-    steps: tuple[tuple[str, int | None, str, int | None], ...]  # (label, a, op, b), one line each; None: the last result
+    # (label, a, op, b), one line each; None: the last result
+    steps: tuple[tuple[str, int | None, str, int | None], ...]
     answer: int
 
 
@@ -138,7 +139,8 @@ def problem(i: int, seed: int = 0) -> WordProblem:
     elif kind == 5:
         a = rng.randint(30, 90)
         off, on = rng.randint(5, a - 5), rng.randint(5, 60)
-        q = f"A bus has {a} passengers. At a stop, {off} get off and {on} get on. How many passengers are on the bus now?"
+        q = (f"A bus has {a} passengers. At a stop, {off} get off and {on} get on. "
+             "How many passengers are on the bus now?")
         steps = [("After the stop", a, "-", off), ("Now", None, "+", on)]
     elif kind == 6:
         vehicle, k, m, hour = rng.choice(VEHICLES), rng.randint(3, 9), rng.randint(12, 99), rng.randint(1, 11)
@@ -153,7 +155,8 @@ def problem(i: int, seed: int = 0) -> WordProblem:
         steps = [("Books", m, "×", k), ("Spent", None, "+", pen), ("Left", money, "-", None)]
     elif kind == 8:
         age, a, b = rng.randint(6, 14), rng.randint(15, 300), rng.randint(15, 300)
-        q = f"{name} is {age} years old and has {a} {item}. {friend} has {b} {item}. How many {item} do they have together?"
+        q = (f"{name} is {age} years old and has {a} {item}. {friend} has {b} {item}. "
+             f"How many {item} do they have together?")
         steps = [("Together", a, "+", b)]
     else:
         k, m, c = rng.randint(3, 9), rng.randint(11, 60), rng.randint(12, 150)

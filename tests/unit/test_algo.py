@@ -17,6 +17,7 @@ from torch.testing import assert_close
 
 from p2prl.algo import (
     LOSSES,
+    GepoOptions,
     gepo_log_denominator,
     gepo_loss,
     gepo_weights,
@@ -219,8 +220,8 @@ def gepo_case():
 
 def test_gepo_group_scope_hand_numbers():
     logp, logq, mask, adv = gepo_case()
-    assert_close(gepo_weights(logp, logq, mask, 2, "group"), t64(GEPO_W_GROUP))
-    loss, m = gepo_loss(logp, logq, mask, adv, group_size=2, eps=0.2, scope="group")
+    assert_close(gepo_weights(logp, logq, mask, GepoOptions(2, scope="group")), t64(GEPO_W_GROUP))
+    loss, m = gepo_loss(logp, logq, mask, adv, GepoOptions(2, eps=0.2, scope="group"))
     # row 0: w 1.08, A +.5 -> -.54
     # row 1: w .72 < .8, A -.5 -> min(-.36, -.4) = -.4 (clipped) -> +.4
     # row 2: w 1.3, A -.5 -> min(-.65, -.6) = -.65 (not clipped) -> +.65
@@ -234,8 +235,8 @@ def test_gepo_group_scope_hand_numbers():
 
 def test_gepo_batch_scope_hand_numbers():
     logp, logq, mask, adv = gepo_case()
-    assert_close(gepo_weights(logp, logq, mask, 2, "batch"), t64(GEPO_W_BATCH))
-    loss, m = gepo_loss(logp, logq, mask, adv, group_size=2, eps=0.2, scope="batch")
+    assert_close(gepo_weights(logp, logq, mask, GepoOptions(2, scope="batch")), t64(GEPO_W_BATCH))
+    loss, m = gepo_loss(logp, logq, mask, adv, GepoOptions(2, eps=0.2, scope="batch"))
     # row 0: w 9/7 > 1.2, A +.5 -> clipped -> -.6
     # row 1: w 6/7, A -.5 -> +3/7
     # row 2: w 13/35 < .8, A -.5 -> min(-13/70, -.4) = -.4 (clipped) -> +.4
@@ -260,7 +261,7 @@ def test_gepo_mean_estimator_hand_numbers():
     logp, logq, mask, _ = gepo_case()
     # arithmetic mean of q: group 1 (.5 + .25)/2 = .375, group 2 .1
     # w = [.45/.375, .3/.375 | 1.3, .85] = [1.2, .8, 1.3, .85]
-    w = gepo_weights(logp, logq, mask, 2, "group", estimator="mean")
+    w = gepo_weights(logp, logq, mask, GepoOptions(2, scope="group", estimator="mean"))
     assert_close(w, t64([1.2, 0.8, 1.3, 0.85]))
 
 
@@ -269,8 +270,8 @@ def test_gepo_kl_penalty_and_analytic_gradient():
     beta = 0.005
     logp, logq, mask, adv = gepo_case()
     logq.requires_grad_()  # must still receive no gradient
-    loss0, m0 = gepo_loss(logp, logq, mask, adv, 2, scope="group", beta_kl=0.0)
-    loss, m = gepo_loss(logp, logq, mask, adv, 2, scope="group", beta_kl=beta)
+    loss0, m0 = gepo_loss(logp, logq, mask, adv, GepoOptions(2, scope="group"), beta_kl=0.0)
+    loss, m = gepo_loss(logp, logq, mask, adv, GepoOptions(2, scope="group"), beta_kl=beta)
     assert_close(loss, loss0 + beta * m["kl_k3"])
     close(m["pg_loss"], m0["loss"])
     loss.backward()
@@ -294,8 +295,8 @@ def test_gepo_online_weight_not_one_and_denominator_not_differentiated():
     logp, _, mask, adv = gepo_case()
     E2 = 0.024125 / 0.215
     w = [0.45 / 0.39, 0.3 / 0.39, 0.13 / E2, 0.085 / E2]  # ~[1.154, .769, 1.159, .758]
-    assert_close(gepo_weights(logp, logp, mask, 2), t64(w))
-    loss, m = gepo_loss(logp, logp, mask, adv, 2)
+    assert_close(gepo_weights(logp, logp, mask, GepoOptions(2)), t64(w))
+    loss, m = gepo_loss(logp, logp, mask, adv, GepoOptions(2))
     # row 1: w .769 < .8 with A < 0 binds; others unclipped
     close(m["clip_frac"], 1 / 4)
     close(m["kl_k3"], 0.0)
@@ -314,7 +315,7 @@ def test_online_grpo_gspo_ratios_exactly_one():
         assert m["is_weight_var"] == 0.0
         assert m["clip_frac"] == 0.0
         assert m["kl_k3"] == 0.0
-    _, m = gepo_loss(logp, logp.detach().clone(), mask, adv, 2)
+    _, m = gepo_loss(logp, logp.detach().clone(), mask, adv, GepoOptions(2))
     assert m["is_weight_var"] > 1e-3  # GEPO is not 1 online
 
 
@@ -337,8 +338,8 @@ def test_gepo_group_of_one_is_gspo():
     logp, logq, mask, adv = random_batch(16, 7, seed=3, spread=0.6, dtype=F64)
     lp = (logp * mask).sum(1) / mask.sum(1)
     lq = (logq * mask).sum(1) / mask.sum(1)
-    assert_close(gepo_weights(logp, logq, mask, 1), torch.exp(lp - lq))
-    l_gepo, m_gepo = gepo_loss(logp, logq, mask, adv, group_size=1, eps=0.2)
+    assert_close(gepo_weights(logp, logq, mask, GepoOptions(1)), torch.exp(lp - lq))
+    l_gepo, m_gepo = gepo_loss(logp, logq, mask, adv, GepoOptions(1, eps=0.2))
     l_gspo, m_gspo = gspo_loss(logp, logq, mask, adv, eps_low=0.2, eps_high=0.2)
     assert_close(l_gepo, l_gspo)
     assert m_gspo["clip_frac"] > 0  # the case exercises clipping
@@ -354,10 +355,10 @@ def test_gepo_group_of_one_is_gspo():
 # ----------------------------------------------------------------------------
 
 
-def call(name, logp, logq, mask, adv, group_size, **kw):
+def call(name, logp, logq, mask, adv, group_size, *, beta_kl=0.0, **kw):
     if name == "gepo":
-        return gepo_loss(logp, logq, mask, adv, group_size, **kw)
-    return LOSSES[name](logp, logq, mask, adv, **kw)
+        return gepo_loss(logp, logq, mask, adv, GepoOptions(group_size, **kw), beta_kl=beta_kl)
+    return LOSSES[name](logp, logq, mask, adv, beta_kl=beta_kl, **kw)
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
@@ -470,8 +471,9 @@ def test_bad_inputs_raise(name, override, match):
 def test_gepo_option_errors(kw, match):
     g = good()
     kw = {"group_size": 2, **kw}
+    beta_kl = kw.pop("beta_kl", 0.0)
     with pytest.raises(ValueError, match=match):
-        gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], **kw)
+        gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], GepoOptions(**kw), beta_kl=beta_kl)
 
 
 def test_losses_registry():
@@ -532,7 +534,7 @@ def test_figure2_gepo_weight_variance_shrinks_relative_to_gspo_grpo_as_kl_grows(
         logp = logq + lam * (logr - logq)
         v_grpo.append(grpo_loss(logp, logq, mask, adv)[1]["is_weight_var"])
         v_gspo.append(gspo_loss(logp, logq, mask, adv)[1]["is_weight_var"])
-        _, m = gepo_loss(logp, logq, mask, adv, group_size=8)
+        _, m = gepo_loss(logp, logq, mask, adv, GepoOptions(8))
         v_gepo.append(m["is_weight_var"])
         kl.append(m["kl_k3"])
 
@@ -608,9 +610,9 @@ def test_gepo_plus_hand_numbers_and_gradient():
     assert k3(1.02) < 0.002 < k3(1.2)
     # standard: E = [5/12, 5/12 | .1, .1] -> w = [1.224, .72, 1.3, 1.0]
     # plus: rows 0 and 3 use their own q -> w = [.51/.5, .72, 1.3, .1/.1] = [1.02, .72, 1.3, 1.0]
-    assert_close(gepo_weights(logp, logq, mask, 2), t64([1.224, 0.72, 1.3, 1.0]))
-    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus"), t64([1.02, 0.72, 1.3, 1.0]))
-    loss, m = gepo_loss(logp, logq, mask, adv, group_size=2, variant="plus", plus_k3=0.002)
+    assert_close(gepo_weights(logp, logq, mask, GepoOptions(2)), t64([1.224, 0.72, 1.3, 1.0]))
+    assert_close(gepo_weights(logp, logq, mask, GepoOptions(2, variant="plus")), t64([1.02, 0.72, 1.3, 1.0]))
+    loss, m = gepo_loss(logp, logq, mask, adv, GepoOptions(2, variant="plus", plus_k3=0.002))
     # row 0: 1.02 * .5 -> -.51; row 1: .72 < .8, A<0 -> clipped +.4; row 2: +.65; row 3: -.5
     # loss = (-.51 + .4 + .65 - .5)/4 = .01
     assert_close(loss, torch.tensor(0.01, dtype=F64))
@@ -621,7 +623,7 @@ def test_gepo_plus_hand_numbers_and_gradient():
     # d/d logp = -(1/B) A_i w_i where unclipped: [-.5*1.02, 0, +.5*1.3, -.5*1.0]/4
     assert_close(logp.grad, t64([[-0.1275, 0.0], [0.0, 0.0], [0.1625, 0.0], [-0.125, 0.0]]))
     # the standard variant clips row 0 (1.224 > 1.2): (-.6 + .4 + .65 - .5)/4 = -.0125
-    standard, m0 = gepo_loss(logp, logq, mask, adv, group_size=2)
+    standard, m0 = gepo_loss(logp, logq, mask, adv, GepoOptions(2))
     assert_close(standard, torch.tensor(-0.0125, dtype=F64))
     assert "plus_own_frac" not in m0
 
@@ -629,9 +631,11 @@ def test_gepo_plus_hand_numbers_and_gradient():
 def test_gepo_plus_threshold_limits():
     logp, logq, mask, adv = gepo_plus_case()
     # threshold 0: no k3 is below it (row 3's is exactly 0): the standard weights
-    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus", plus_k3=0.0), t64([1.224, 0.72, 1.3, 1.0]))
+    w = gepo_weights(logp, logq, mask, GepoOptions(2, variant="plus", plus_k3=0.0))
+    assert_close(w, t64([1.224, 0.72, 1.3, 1.0]))
     # a threshold above every k3: each row its own q, i.e. GSPO's sequence ratios
-    assert_close(gepo_weights(logp, logq, mask, 2, variant="plus", plus_k3=1.0), t64([1.02, 1.2, 1.3, 1.0]))
+    w = gepo_weights(logp, logq, mask, GepoOptions(2, variant="plus", plus_k3=1.0))
+    assert_close(w, t64([1.02, 1.2, 1.3, 1.0]))
 
 
 @pytest.mark.parametrize(
@@ -641,7 +645,7 @@ def test_gepo_plus_threshold_limits():
 def test_gepo_plus_option_errors(kw, match):
     g = good()
     with pytest.raises(ValueError, match=match):
-        gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], 2, **{"variant": "plus", **kw})
+        gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], GepoOptions(2, **{"variant": "plus", **kw}))
 
 
 def algo_section(name, **kw):
@@ -656,7 +660,7 @@ def test_loss_kwargs_per_objective():
     assert loss_kwargs(algo_section("grpo"), 4) == {"eps": 0.3, "beta_kl": 0.005}
     assert loss_kwargs(algo_section("gspo"), 4) == {"eps_low": 0.1, "eps_high": 0.15, "beta_kl": 0.005}
     assert loss_kwargs(algo_section("gepo"), 4) == {
-        "group_size": 4, "eps": 0.3, "scope": "batch", "variant": "plus", "plus_k3": 0.01, "beta_kl": 0.005,
+        "options": GepoOptions(group_size=4, eps=0.3, scope="batch", variant="plus", plus_k3=0.01), "beta_kl": 0.005,
     }
     with pytest.raises(ValueError, match=r"unknown objective 'ppo'"):
         loss_kwargs(algo_section("ppo"), 4)

@@ -191,7 +191,8 @@ class VLLMGenerator:
         wrong = sorted(n for n in got if self.shapes.get(n) != got[n])  # unknown, or another shape
         missing = sorted(set(self.shapes) - set(got) - ({"lm_head.weight"} if self.tied else set()))
         if wrong or missing:
-            raise ValueError(f"weights do not match the model in {self.folder}: tensors differ at {(wrong + missing)[:5]}")
+            raise ValueError(f"weights do not match the model in {self.folder}: "
+                             f"tensors differ at {(wrong + missing)[:5]}")
         tmp = self.staging / "model.safetensors.part"
         tmp.write_bytes(blob)
         tmp.replace(self.staging / "model.safetensors")
