@@ -169,7 +169,8 @@ def main() -> None:
         NOT_ASKED = "publisher (not asked while the two holders answer)"
 
         def sampler(parallel: int) -> SimpleNamespace:
-            return SimpleNamespace(node=node, counts=Counter(), cfg=SimpleNamespace(flow=SimpleNamespace(fetch_parallel=parallel)))
+            return SimpleNamespace(node=node, counts=Counter(), lock=threading.Lock(),
+                                   cfg=SimpleNamespace(flow=SimpleNamespace(fetch_parallel=parallel)))
 
         def p2prl_fetch(m, parallel: int) -> int:
             rec = PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"])

@@ -2,13 +2,13 @@
 
 The loop reads top to bottom: catch up with a learner ahead, take a batch picked by the
 admission rule, one gradient round, then the step (training log, own groups, ledger,
-evaluation, publish, checkpoint) and its metrics. Three threads share the learner: this
-loop, the node's network loop (stream handlers; a record is verified, rewards recomputed
-and, for a share of groups, log-probs spot-checked (``spotcheck.py``), in the learner's
-single admission thread so a slow reward function stalls no other stream) and the
-heartbeat thread (``membership.py``). The group ledger (``ledger.py``) and its admission
-buffer are touched only under ``self.lock``; a step and a ``state`` snapshot exclude each
-other under ``self.step_lock``.
+evaluation, publish, checkpoint) and its metrics. Four threads share the learner: this
+loop, the node's network loop (the rollout and acks streams, ``intake.py``; the ``state``,
+``weights`` and ``hello`` streams), the single admission thread (records verified, rewards
+recomputed, log-probs spot-checked: ``intake.py``) and the heartbeat thread
+(``membership.py``). The group ledger (``ledger.py``) and its admission buffer are touched
+only under ``self.lock`` (the intake's); a step and a ``state`` snapshot exclude each other
+under ``self.step_lock``.
 
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
@@ -24,7 +24,6 @@ learner never blocks the others for longer than ``rounds.wait_s``.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
 import logging
@@ -32,7 +31,6 @@ import math
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -45,28 +43,28 @@ from p2prl.config import Config
 from p2prl.learner.checkpoint import disk_error, save_checkpoint
 from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
+from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+from p2prl.learner.report import LearnerReport, families, trust_counts
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
 from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
-from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
+from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
 from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.averaging import GradientRounds, RoundFailed
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.membership import Membership
-from p2prl.swarm.node import FrameError, SwarmNode, read_frame, write_frame
+from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, WeightStore, batch_frame_limit,
-                                  decode_batch, pack, queue_bounds, queue_room, unpack_map, weights_handler)
+from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.learner.core")
-ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
 
 
 @dataclass
@@ -97,19 +95,13 @@ class Learner:
         self.core, saved = resumed or resume_learner(cfg, self.out)
         s = cfg.sampling
         self.task = make_task(cfg.task)
-        # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
-        self.verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
-                                 cfg.net.run_id, s.group_size, s.max_new_tokens)
-        self.limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
-        self.batch_limit = batch_frame_limit(cfg.flow.max_batch_groups, int(cfg.flow.max_batch_mb * 2**20),
-                                             self.limits.max_bytes)
-        self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
-        self.lock = threading.Condition()  # guards the ledger and its admission buffer
+        limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
-        self.epoch = 0  # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
+        # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
+        self.epoch = 0
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
         keep = max(cfg.rounds.history_versions, cfg.staleness.max_staleness)
-        self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", self.limits),
+        self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", limits),
                                   rule=cfg.staleness.rule)
         self.ledger.restore(saved, self.core.version, truncate_log(self.out / "train_log.jsonl", self.core.version),
                             time.time())
@@ -122,7 +114,6 @@ class Learner:
         self.lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
         self.reward: float | None = None  # mean reward of the last step's groups
         self.acc: float | None = None  # held-out accuracy at the last evaluation (from start())
-        self.bytes_in = 0  # rollout records received
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
@@ -131,30 +122,40 @@ class Learner:
             node.trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id,
                                        node.peer_id, self.run_config)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        # bans (kept in out_dir across restarts) and per-peer limits, enforced on every stream this node serves
-        self.reputation = node.reputation = Reputation(cfg.trust, self.out / "bans.json")
-        self.peer_limits = node.limits = PeerLimits(cfg.trust)
+        self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
                               self.min_upload_bps)
-        self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
+        # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
+        verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
+                            cfg.net.run_id, s.group_size, s.max_new_tokens)
+        self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.ledger, verifier, self.spot,
+                                    self.reputation, lambda: self.core.version, lambda: self.latest,
+                                    lambda: 1 + len(self.membership.others))
+        self.lock = self.intake.lock
         self.rounds: GradientRounds | None = None
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
         self.start(progress)
-        if self.cfg.train.wait_for_samplers:
-            wait_for_samplers(self.cfg.train.wait_for_samplers, self.samplers_seen, stop,
-                              self.cfg.train.wait_for_samplers_s, self.cfg.net.poll_s)
-        while self.core.version < self.cfg.train.steps and not stop.is_set():
-            if self.poll_ahead() or self.held(stop):
-                continue
-            batch = self.take_batch()
-            if batch is None:
-                continue
-            r = self.one_round(batch, stop)
-            if r is not None:
-                self.after_step(r, batch)
+        try:
+            if self.cfg.train.wait_for_samplers:
+                wait_for_samplers(self.cfg.train.wait_for_samplers, self.intake.samplers_seen, stop,
+                                  self.cfg.train.wait_for_samplers_s, self.cfg.net.poll_s)
+            while self.core.version < self.cfg.train.steps and not stop.is_set():
+                if self.poll_ahead() or self.held(stop):
+                    continue
+                batch = self.take_batch()
+                if batch is None:
+                    continue
+                r = self.one_round(batch, stop)
+                if r is not None:
+                    self.after_step(r, batch)
+        finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
+            self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
+            self.bar.close()
+            self.sink.close()
+            self.train_log.close()
         return self.finish()
 
     def start(self, progress: bool) -> None:
@@ -162,15 +163,14 @@ class Learner:
         cfg, t = self.cfg, self.cfg.train
         others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
-        self.node.serve("rollouts", self.on_rollouts, self.node.transfer_timeout(self.batch_limit))
-        self.node.serve("rollout", self.on_rollout)
-        self.node.serve("acks", self.on_acks)
+        self.intake.serve(self.node)
         self.node.serve("weights", weights_handler(self.store, self.min_upload_bps, cfg.net.rpc_timeout_s,
                                                    self.reputation.reject),
                         self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
         self.train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
         if self.core.version not in self.ledger.published:
-            self.train_log.write(json.dumps({"version": self.core.version, "published": self.publish(), "groups": []}) + "\n")
+            line = {"version": self.core.version, "published": self.publish(), "groups": []}
+            self.train_log.write(json.dumps(line) + "\n")
         else:
             self.publish()
         self.membership.heartbeat()  # samplers can start while the base policy is evaluated
@@ -193,14 +193,9 @@ class Learner:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
                      "(`--fresh` for `p2prl swarm up`, another train.out_dir for `p2prl join`)", self.out, t.steps)
 
-    def samplers_seen(self) -> set[str]:
-        """Samplers that have sent this learner groups: ready to contribute (a far sampler announces itself
-        in the DHT long before it holds a policy and has made a group: seconds of round trips)."""
-        with self.lock:
-            return set(self.senders) | {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
-
     def poll_ahead(self) -> bool:
-        """Every ``poll_s``: load the state of a learner ahead of us (True); else versions stepped alone long enough ago stand."""
+        """Every ``poll_s``: load the state of a learner ahead of us (True); else versions stepped alone long enough
+        ago stand."""
         if time.time() - self.last_check <= self.cfg.net.poll_s:
             return False
         self.last_check = time.time()
@@ -249,13 +244,15 @@ class Learner:
         grad, m = self.core.gradient(batch) if batch else (torch.zeros(self.n_params), {})
         if self.cfg.testing.slowdown > 1:
             stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
-        if not bool(torch.isfinite(grad).all()):  # never applied nor sent; the batch goes back (retried at the next version)
+        # never applied nor sent; the batch goes back (retried at the next version)
+        if not bool(torch.isfinite(grad).all()):
             with self.lock:
                 self.counts["round/non_finite_own"] += 1
                 n = self.counts["round/non_finite_own"]
                 self.buffer.requeue(batch)
             if n <= 5 or n % 100 == 0:
-                log.warning("the gradient at v%d is not finite: not applied, not sent (%d so far)", self.core.version, n)
+                log.warning("the gradient at v%d is not finite: not applied, not sent (%d so far)",
+                            self.core.version, n)
             stop.wait(0.2)
             return None
         tags = [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]
@@ -270,7 +267,8 @@ class Learner:
         except OSError as e:
             raise disk_error(self.out, e, f"the own groups of v{self.core.version + 1}") from e
         try:
-            got = self.gradient_rounds().average(grad, r.weight, self.core.version, self.latest.sha256, tags, 1 + others)
+            got = self.gradient_rounds().average(grad, r.weight, self.core.version, self.latest.sha256, tags,
+                                                 1 + others)
             self.bad_members(got.bad)
             r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
             return r
@@ -367,62 +365,38 @@ class Learner:
         self.sink.log(v, m)
         self.bar.update(v - self.bar.n)
         if batch:
-            self.bar.set_postfix_str(f"{progress_line(m, self.acc)} queue {m['admission/queue_depth']} learners {r.learners}")
+            self.bar.set_postfix_str(f"{progress_line(m, self.acc)} queue {m['admission/queue_depth']} "
+                                     f"learners {r.learners}")
 
     def trust_metrics(self) -> dict[str, int]:
         """Bans and refused or limited streams, for the metrics log and the summary."""
-        rep = self.reputation.snapshot()
-        m = {"trust/banned_peers": rep["banned"], "trust/bans": rep["bans"]}
-        m.update({f"trust/refused_banned/{k}": n for k, n in rep["refused"].items()})
-        m.update({f"trust/{k}": n for k, n in self.peer_limits.snapshot().items()})
-        return m
+        return trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot())
+
+    def report(self) -> LearnerReport:
+        """This learner's counters now, as one snapshot (read at scrape time, from the scraping thread)."""
+        with self.lock:
+            counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.intake.bytes_in
+        trust = {**{f"trust/{k}": n for k, n in self.node.trust.counts.items()}, **self.trust_metrics(),
+                 **self.spot.metrics()}
+        return LearnerReport(
+            run_id=self.cfg.net.run_id, peer_id=self.node.peer_id, version=self.core.version, acc=self.acc,
+            reward=self.reward, throughput=self.throughput, queue_depth=depth,
+            other_learners=len(self.membership.others), max_staleness=self.cfg.staleness.max_staleness,
+            counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
+            weights_uploads=self.store.uploads, dht_errors=self.node.dht_errors, trust=trust)
 
     def prometheus(self) -> list:
         """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
-        with self.lock:
-            counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.bytes_in
-        by = prom.split_counts(counts)
-        groups = {("trained", ""): sum(lags.values())}
-        groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if k[0] != "dropped_stale"})
-        groups[("dropped", "stale")] = counts.get("dropped_stale", 0)
-        groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
-        trust = {**{f"trust/{k}": n for k, n in self.node.trust.counts.items()}, **self.trust_metrics(),
-                 **self.spot.metrics()}
-        return [
-            prom.info("learner", self.cfg.net.run_id, self.node.peer_id),
-            prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
-            prom.gauge("heldout_accuracy", "Held-out accuracy at the last evaluation", self.acc),
-            prom.gauge("reward_mean", "Mean reward of the groups of the last step", self.reward),
-            prom.gauge("throughput_groups_per_second", "Groups trained per second (moving average)", self.throughput),
-            prom.gauge("queue_depth", "Groups admitted and waiting to be trained", depth),
-            prom.gauge("learners", "Other learners of the run this learner knows", len(self.membership.others)),
-            prom.lag_histogram(lags, self.cfg.staleness.max_staleness),
-            prom.labelled("groups", "Groups by outcome (admitted, trained, dropped, rejected) and reason",
-                          ["outcome", "reason"], groups),
-            prom.labelled("rounds", "Gradient-round events by outcome and reason", ["outcome", "reason"],
-                          by.pop("round", {})),
-            prom.labelled("state_sync", "State loads from learners ahead, and their failures", ["outcome", "reason"],
-                          by.pop("sync", {})),
-            prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", self.store.bytes_served),
-            prom.counter("weights_uploads", "Policy-weight uploads to peers", self.store.uploads),
-            prom.counter("records_received_bytes", "Bytes of rollout records received", bytes_in),
-            prom.gauge("banned_peers", "Peers this learner bans now", trust.pop("trust/banned_peers")),
-            prom.labelled("trust_events", "Trust counters: bans, refused and limited streams, spot checks, "
-                          "rejected records of the run authority", ["event"], {(k,): v for k, v in trust.items()}),
-            prom.counter("dht_errors", "Failed DHT requests", self.node.dht_errors),
-        ]
+        return families(self.report())
 
     def finish(self) -> dict:
-        self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
+        """The run's summary (written next to its metrics)."""
         with self.lock:
             backlog = len(self.buffer.retrain)
         if backlog:
             log.warning("%d groups of a lost history (their samplers were told they were trained) are not retrained "
                         "yet: they stay in %s and are retrained first when this learner starts again", backlog,
                         self.out / "own_groups")
-        self.bar.close()
-        self.sink.close()
-        self.train_log.close()
         lines = read_jsonl(self.out / "train_log.jsonl")
         lags = lag_by_sampler(lines)
         trained = sum(len(l["groups"]) for l in lines if "loaded_from" not in l)
@@ -434,19 +408,21 @@ class Learner:
                    "trust": {**self.node.trust.counts, **self.trust_metrics()}, "spot_checks": self.spot.summary(),
                    "weights_bytes_served": self.store.bytes_served,
                    "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
-        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out / "checkpoint",
+        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl",
+                                              "checkpoint": self.out / "checkpoint",
                                               "training_log": self.out / "train_log.jsonl"})
 
     def close(self) -> None:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
-        self.admission.shutdown(wait=False, cancel_futures=True)
+        self.intake.shutdown()
         if self.rounds is not None:
             self.rounds.shutdown()
 
     # ---- versions --------------------------------------------------------------------------------
     def evaluate(self) -> float:
-        return heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size, self.cfg.sampling.max_new_tokens)
+        return heldout_accuracy(self.core.policy, self.task, self.cfg.task.heldout_size,
+                                self.cfg.sampling.max_new_tokens)
 
     def publish(self, weight: int = 0, serialized: tuple[bytes, str] | None = None) -> str:
         """Serve the current weights and announce (version, sha256, size, weight) in the DHT."""
@@ -522,148 +498,6 @@ class Learner:
                           throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
                           banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc)
 
-    # ---- rollouts (stream handlers on the network loop; verification on the admission thread) ----
-    def admit(self, data: bytes, peer: str) -> tuple[str, str]:
-        """Decode, verify and admit one record from ``peer``; never raises. Every rejection counts
-        against ``peer``'s reputation (a record of a peer banned meanwhile is refused as ``banned``)."""
-        try:
-            if self.reputation.banned(peer):
-                self.reputation.refuse("rollout")
-                raise RecordError("banned")
-            g = decode_group(data, self.limits)
-            if g.sampler != peer or not g.group_id.startswith(peer + "/"):
-                raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
-            with self.lock:
-                self.ledger.check(g, self.core.version)
-            self.verifier.check(g)  # recomputes the rewards
-            if self.spot.wants(g.group_id):
-                self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
-            with self.lock:
-                self.ledger.admit(g, self.core.version)
-                self.lock.notify_all()
-            return "accepted", ""
-        except RecordError as e:
-            if e.reason == "duplicate":
-                return "duplicate", ""
-            self.reputation.reject(peer, e.reason)
-            with self.lock:
-                self.counts[f"rejected/{e.reason}"] += 1
-                n = self.counts[f"rejected/{e.reason}"]
-            # stale data is the staleness rule at work and future versions mean this learner is catching up;
-            # anything else is a warning, logged for the first few of each reason and then every 100th
-            # (a bad peer cannot flood the log)
-            level = logging.DEBUG if e.reason in ("stale", "future_version", "banned") else logging.WARNING
-            if n <= 5 or n % 100 == 0:
-                log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
-            return "rejected", e.reason
-        except Exception as e:  # a bug must not let one peer take the learner down
-            with self.lock:
-                self.counts["rejected/internal"] += 1
-            log.exception("internal error on a record from %s: %s", peer[-6:], e)
-            return "rejected", "internal"
-
-    def queue_bounds(self) -> tuple[int, int]:
-        """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
-        and the samplers that sent records in the last ``ACTIVE_SENDER_S`` (call under ``self.lock``)."""
-        share = math.ceil(self.cfg.train.groups_per_step / (1 + len(self.membership.others)))
-        since = time.monotonic() - ACTIVE_SENDER_S
-        return queue_bounds(share, self.cfg.flow.queue_steps, self.cfg.flow.max_learner_queue,
-                            sum(t >= since for t in self.senders.values()))
-
-    def room(self, peer: str) -> int:
-        """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
-        waiting = self.buffer.pending + self.buffer.first
-        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds())
-
-    def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
-        """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
-        (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
-        now = time.monotonic()
-        with self.lock:
-            self.senders[peer] = now
-            for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
-                del self.senders[p]
-        out = []
-        for data in records:
-            with self.lock:
-                busy = self.room(peer) <= 0
-                if busy:
-                    self.counts["busy"] += 1
-            out.append(("busy", "queue_full") if busy else self.admit(data, peer))
-        return out
-
-    async def on_rollout(self, peer: str, reader, writer) -> None:
-        try:
-            data = await read_frame(reader, self.limits.max_bytes)
-            with self.lock:
-                self.bytes_in += len(data)
-        except FrameError as e:
-            with self.lock:
-                self.counts["rejected/oversized"] += 1
-            self.reputation.reject(peer, "oversized")
-            log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
-            await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
-            return
-        try:
-            [(status, reason)] = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch,
-                                                                                  [data], peer)
-        except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
-            log.debug("stopping: left a record from %s unanswered", peer[-6:])
-            return
-        with self.lock:
-            queue = len(self.buffer)
-        await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
-
-    async def on_rollouts(self, peer: str, reader, writer) -> None:
-        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space.
-        A batch that does not parse counts against ``peer``'s reputation, as a bad record does."""
-        results, error = [], ""
-        try:
-            raw = await read_frame(reader, self.batch_limit)
-            with self.lock:
-                self.bytes_in += len(raw)
-            records = decode_batch(raw, self.cfg.flow.max_batch_groups)
-        except (FrameError, BatchError) as e:
-            error = e.reason if isinstance(e, BatchError) else "oversized"
-            self.reputation.reject(peer, f"batch_{error}")
-            with self.lock:
-                self.counts[f"rejected/batch_{error}"] += 1
-                n = self.counts[f"rejected/batch_{error}"]
-            if n <= 5 or n % 100 == 0:
-                log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
-        if not error:
-            try:
-                results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, records,
-                                                                           peer)
-            except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
-                log.debug("stopping: left a batch from %s unanswered", peer[-6:])
-                return
-        with self.lock:
-            queue, free = len(self.buffer), self.room(peer)
-        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, **self.policy_hint()}
-        await write_frame(writer, pack({**reply, "error": error} if error else reply))
-
-    async def on_acks(self, peer: str, reader, writer) -> None:
-        try:
-            ids = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"ids": list})["ids"]
-        except ValueError as e:
-            with self.lock:
-                self.counts["rejected/bad_ack_request"] += 1
-            self.reputation.reject(peer, "bad_ack_request")
-            log.warning("bad ack request from %s: %s", peer[-6:], e)
-            return
-        ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
-        with self.lock:
-            states = self.ledger.states_of(ids)
-            queue, free = len(self.buffer), self.room(peer)
-        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, **self.policy_hint()}))
-
-    def policy_hint(self) -> dict:
-        """``{"policy": record}``: the newest version this learner published, as in the DHT, for the samplers that
-        send to it (a far sampler then skips the DHT look-up of the newest version)."""
-        latest = self.latest
-        return {"policy": latest.encode()} if latest is not None else {}
-
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,
                       poll_s: float, clock: Callable[[], float] = time.monotonic) -> set[str]:
@@ -689,7 +523,9 @@ def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.E
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
     # the model loads first: a bootstrap started together with this peer comes up meanwhile
     resumed = resume_learner(cfg, Path(cfg.train.out_dir))
-    node = SwarmNode(cfg.net, "learner", stop)
+    # bans (kept in out_dir across restarts) and per-peer limits, enforced on every stream this node serves
+    node = SwarmNode(cfg.net, "learner", stop, reputation=Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"),
+                     limits=PeerLimits(cfg.trust))
     learner = server = None
     try:
         learner = Learner(cfg, node, resumed)

@@ -11,9 +11,16 @@ a learner's reply names a version newer than the one held (its policy record, wh
 the DHT look-up; a learner ``FAR_RTT_S`` away serves that version itself).
 A group stays in the outbox until a learner reports it trained, dropped or rejected; if
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
-learner when there is one). In a run with an authority (``swarm/authority.py``) it waits
-for the run record the authority signed, checks the run's config against it, and loads
-versions from and sends groups to authorized learners only.
+learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``). In a
+run with an authority (``swarm/authority.py``) it waits for the run record the authority signed,
+checks the run's config against it, and loads versions from and sends groups to authorized
+learners only.
+
+Threads: the loop thread owns the outbox, the requests in flight and the generator. The sync
+thread hands a fetched version to it through ``fetched`` and takes learners' hints from
+``hints`` (locked slots); it reads the round-trip times the loop publishes in ``rtts``. The
+heartbeat thread replaces ``learners`` whole. Counters the sync thread also writes are
+taken under ``lock``; the metrics scrape reads the outbox's last published ``view``.
 """
 
 from __future__ import annotations
@@ -29,42 +36,54 @@ import time
 from collections import Counter
 from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Generic, TypeVar
 
 from p2prl import prom
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.policy import Policy, load_policy
 from p2prl.policy.backends import make_generator
-from p2prl.rollout.record import RolloutGroup, encode_group
+from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
+from p2prl.sampler.outbox import Outbox
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import Refused, SwarmNode, backoff, wait_until
-from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, WeightStore, encode_batch, pack, send_window, unpack_map,
-                                  weights_handler)
+from p2prl.swarm.protocol import MAX_CONTROL_BYTES, WeightStore, encode_batch, pack, unpack_map, weights_handler
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.sampler.core")
 
-DONE_STATES = {"trained", "dropped", "rejected"}
 FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it names from it, no holders look-up
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
-GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
-START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap; start-up counts)
+START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap)
 START_POLL_CAP_S = 0.5  # longest pause between them
 
+T = TypeVar("T")
 
-@dataclass
-class Pending:
-    group: RolloutGroup
-    data: bytes
-    learner: str | None  # None: not delivered yet
-    sending: bool = False  # in a batch whose reply has not been handled yet
+
+class Slot(Generic[T]):
+    """One value handed from one thread to another; a newer one replaces one not yet taken."""
+
+    def __init__(self):
+        self._lock, self._value = threading.Lock(), None
+
+    def put(self, value: T) -> None:
+        with self._lock:
+            self._value = value
+
+    def take(self) -> T | None:
+        with self._lock:
+            value, self._value = self._value, None
+        return value
+
+    def empty(self) -> bool:
+        return self._value is None
 
 
 class BatchRefused(ConnectionError):
@@ -91,42 +110,43 @@ class Batch:
     done_at: float = 0.0
 
 
-def pick_learner(learners: list[PeerRecord]) -> str | None:
-    """The learner with the shortest expected wait (queue depth over throughput), random on near-ties."""
-    if not learners:
-        return None
-    known = max((r.throughput for r in learners), default=0.0) or 1.0
-    score = lambda r: (r.queue_depth + 1) / (r.throughput or known)  # a new learner: assume the fastest speed
-    best = min(score(r) for r in learners)
-    return random.choice([r.peer_id for r in learners if score(r) <= best * 1.25])
+@dataclass
+class View:
+    """What the loop thread last published of its outbox, for other threads."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    groups: int = 0
 
 
 class Sampler:
-    def __init__(self, cfg: Config, node: SwarmNode, policy: Policy | None = None):
-        """``policy``: the model when the caller loaded it before joining the DHT."""
+    def __init__(self, cfg: Config, node: SwarmNode, policy: Policy | None = None, core: SamplerCore | None = None):
+        """``policy``: the model when the caller loaded it before joining the DHT; ``core``: a sampler core built
+        already (tests)."""
         self.cfg, self.node = cfg, node
-        task = make_task(cfg.task)
-        policy = policy or load_policy(cfg.model.path, cfg.model)
-        self.core = SamplerCore(policy, task, cfg, cfg.net.run_id, peer_id=node.peer_id,
-                                session=secrets.token_hex(4), generator=make_generator(policy, cfg))
+        if core is None:
+            policy = policy or load_policy(cfg.model.path, cfg.model)
+            core = SamplerCore(policy, make_task(cfg.task), cfg, cfg.net.run_id, peer_id=node.peer_id,
+                               session=secrets.token_hex(4), generator=make_generator(policy, cfg))
+        self.core = core
         self.store = WeightStore(cfg.flow.keep_versions, 4, cfg.flow.keep_seconds, int(cfg.flow.keep_mb * 2**20))
         self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))
-        self.outbox: dict[str, Pending] = {}
-        self.counts: Counter[str] = Counter()
-        self.learners: list[PeerRecord] = []
-        self.throughput = 0.0
-        self.next_sync = 0
-        self.failures: dict[str, tuple[int, float]] = {}  # learner -> (consecutive failures, retry after)
-        self.queues: dict[str, int] = {}  # learner -> queue depth it last reported
-        self.free: dict[str, int] = {}  # learner -> groups it last said it would still take from us
-        self.rtt: dict[str, float] = {}  # learner -> smoothed seconds from sending a batch to its reply
+        # the loop thread's
+        self.outbox = Outbox(cfg.flow, cfg.train.groups_per_step, backoff)
         self.in_flight: list[Batch] = []
         self.acking: list[AcksRequest] = []
-        self.fetched: tuple[str, PolicyRecord, bytearray] | None = None  # from the sync thread, to load
-        self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
-        self.hint: tuple[str, PolicyRecord] | None = None  # (learner, the newest record it named in a reply)
-        self.heard_at = -math.inf  # when a learner's reply last carried its newest record
+        self.throughput = 0.0
+        self.next_sync = 0
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
+        # shared
+        self.lock = threading.Lock()
+        self.counts: Counter[str] = Counter()  # weight fetches and loads (the outbox counts its own), under lock
+        self.view = View()  # the outbox, as the loop last published it
+        self.rtts: dict[str, float] = {}  # the outbox's round-trip times, as the loop last published them
+        self.learners: list[PeerRecord] = []  # replaced whole by the heartbeat thread
+        self.fetched: Slot[tuple[str, PolicyRecord, bytearray]] = Slot()  # from the sync thread, to load
+        self.hints: Slot[tuple[str, PolicyRecord]] = Slot()  # (learner, the newest record it named in a reply)
+        self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
+        self.heard_at = -math.inf  # when a learner's reply last carried its newest record
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord, direct: bool = False) -> bytearray | None:
@@ -144,15 +164,17 @@ class Sampler:
             log.info("weights v%d: %s", rec.version, type(e).__name__)
             return None
         if got.bad_hashes:
-            self.counts["weights/bad_hash"] += got.bad_hashes
+            with self.lock:
+                self.counts["weights/bad_hash"] += got.bad_hashes
             log.warning("weights for v%d whose hash does not match the record (from %s); ignored", rec.version,
                         ", ".join(h[-6:] for h in got.holders))
         if got.blob is None:
             return None
-        for holder in got.holders:
-            self.counts["weights/fetched_from_" + ("learner" if holder == publisher else "sampler")] += 1
-        if len(got.holders) > 1:
-            self.counts["weights/fetched_in_ranges"] += 1
+        with self.lock:
+            for holder in got.holders:
+                self.counts["weights/fetched_from_" + ("learner" if holder == publisher else "sampler")] += 1
+            if len(got.holders) > 1:
+                self.counts["weights/fetched_in_ranges"] += 1
         return got.blob
 
     def fetch_latest(self, hint: tuple[str, PolicyRecord] | None = None) -> tuple[str, PolicyRecord, bytearray] | None:
@@ -168,7 +190,7 @@ class Sampler:
             return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
             return None
-        blob = self.fetch(publisher, rec, direct=hint is not None and self.rtt.get(publisher, 0.0) >= FAR_RTT_S)
+        blob = self.fetch(publisher, rec, direct=hint is not None and self.rtts.get(publisher, 0.0) >= FAR_RTT_S)
         return None if blob is None else (publisher, rec, blob)
 
     def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
@@ -182,7 +204,8 @@ class Sampler:
         try:
             self.core.load(blob, rec.version, rec.sha256)
         except Exception as e:  # safetensors or shape errors: weights published for another model
-            self.counts["weights/unloadable"] += 1
+            with self.lock:
+                self.counts["weights/unloadable"] += 1
             log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
             return
         self.next_sync = rec.version + max(1, self.delay.draw())
@@ -197,20 +220,21 @@ class Sampler:
 
     def policy_sync(self, stop: threading.Event) -> None:
         """Policy look-ups and fetches, off the generating path (own thread): a version fetched here waits in
-        ``self.fetched`` until the loop loads it between rollouts, and is served meanwhile. Runs every
+        the ``fetched`` slot until the loop loads it between rollouts, and is served meanwhile. Runs every
         ``net.poll_s``, or sooner (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than
         ours (``note_policy``). While learners' replies keep naming their newest records, there is no DHT
         look-up: it would only cost a far sampler round trips before the next hint."""
         while not stop.is_set():
             if self.wake.wait(self.cfg.net.poll_s):
                 self.wake.clear()
-            hint, self.hint = self.hint, None
+            hint = self.hints.take()
             try:
                 # informed: a reply came within two polls or two round trips to our slowest learner
-                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtt.values()])
-                if self.fetched is None and (hint is not None or not informed):
-                    self.fetched = got = self.fetch_latest(hint)
+                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtts.values()])
+                if self.fetched.empty() and (hint is not None or not informed):
+                    got = self.fetch_latest(hint)
                     if got is not None:
+                        self.fetched.put(got)
                         self.serve_version(*got[1:])
             except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
                 if not stop.is_set():
@@ -234,70 +258,26 @@ class Sampler:
         if rec is not None:
             self.heard_at = time.monotonic()
         if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
-                or self.fetched is not None):
+                or not self.fetched.empty()):
             return
         if not self.node.trust.policy_ok(learner, rec):
             self.node.trust.reject("policy_record", learner)
             return
-        self.hint = learner, rec
+        self.hints.put((learner, rec))
         self.wake.set()
 
     # ---- rollouts ----------------------------------------------------------------------------
-    def _failed(self, learner: str, what: str, e: Exception) -> None:
-        """Back off from a learner that failed: skip it until a growing, jittered delay has passed."""
-        n = self.failures.get(learner, (0, 0.0))[0] + 1
-        self.failures[learner] = (n, time.time() + backoff(n))
-        self.counts["send/failed"] += 1
-        log.info("%s with learner %s failed (%s); backing off", what, learner[-6:], type(e).__name__)
-
-    def give_up(self, learner: str) -> None:
-        """``learner`` failed ``GIVE_UP_FAILURES`` exchanges in a row: the groups it holds go to other learners."""
-        lost = [p for p in self.outbox.values() if p.learner == learner and not p.sending]
-        for p in lost:
-            p.learner = None
-        self.counts["send/resend"] += len(lost)
-        if lost:
-            log.warning("learner %s failed %d exchanges in a row: %d groups it held are sent to other learners",
-                        learner[-6:], GIVE_UP_FAILURES, len(lost))
-
-    def usable_learners(self) -> list[PeerRecord]:
-        now = time.time()
-        return [r for r in self.learners if self.failures.get(r.peer_id, (0, 0.0))[1] <= now]
-
-    def window(self, learner: PeerRecord) -> int:
-        """Groups we may put in flight to ``learner`` now (``send_window``, less what is in flight already)."""
-        f = self.cfg.flow
-        free = self.free.get(learner.peer_id, f.max_learner_queue - learner.queue_depth)
-        window = send_window(self.rtt.get(learner.peer_id, 0.0), self.throughput, self.cfg.train.groups_per_step,
-                             f.max_batch_groups, free)
-        return window - sum(len(b.ids) for b in self.in_flight if b.learner == learner.peer_id)
-
     def flush(self) -> None:
         """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
         max_bytes = int(self.cfg.flow.max_batch_mb * 2**20)
-        ready = self.unsent()
-        while ready:
-            room = {r.peer_id: w for r in self.usable_learners() if (w := self.window(r)) > 0}
-            target = pick_learner([r for r in self.learners if r.peer_id in room])
-            if target is None:
-                return
-            batch, nbytes = [], 0
-            while ready and len(batch) < room[target] and (not batch or nbytes + len(ready[0].data) <= max_bytes):
-                batch.append(ready.pop(0))
-                nbytes += len(batch[-1].data)
-            for p in batch:
-                p.sending = True
+        while (planned := self.outbox.next_batch(self.learners, self.throughput, time.time(), max_bytes)) is not None:
+            target, batch = planned
+            nbytes = sum(len(p.data) for p in batch)
             reply = self.node.submit(target, "rollouts", encode_batch([p.data for p in batch]), MAX_CONTROL_BYTES,
                                      self.node.transfer_timeout(nbytes))
             b = Batch(target, [p.group.group_id for p in batch], reply)
             reply.add_done_callback(lambda _f, b=b: setattr(b, "done_at", time.monotonic()))
             self.in_flight.append(b)
-            self.counts["send/batches"] += 1
-            self.counts["send/batched_groups"] += len(batch)
-
-    def unsent(self) -> list[Pending]:
-        """Groups no learner holds and none is being sent (new, answered ``busy``, or to be resent), oldest first."""
-        return [p for p in self.outbox.values() if p.learner is None and not p.sending]
 
     def wait_for_room(self, stop: threading.Event) -> None:
         """Groups wait for room at a learner: pause until a batch in flight is answered (``net.poll_s`` at
@@ -308,15 +288,15 @@ class Sampler:
             concurrent.futures.wait([b.reply for b in self.in_flight], self.cfg.net.poll_s,
                                     concurrent.futures.FIRST_COMPLETED)
             return
-        full = [r.peer_id for r in self.usable_learners() if self.free.get(r.peer_id, 1) <= 0]
-        rtt = max([self.rtt.get(learner, 0.0) for learner in full], default=0.0)
+        full = self.outbox.without_room(self.learners, time.time())
+        rtt = max([self.outbox.rtt.get(learner, 0.0) for learner in full], default=0.0)
         if stop.wait(min(self.cfg.net.poll_s, max(ROOM_POLL_S, 2 * rtt))) or not full:
             return
         for learner in full:
             try:
                 self.ask_acks(learner, [])
             except Exception as e:
-                self._failed(learner, "asking for room", e)
+                self.outbox.failed(learner, f"asking for room ({type(e).__name__})", time.time())
 
     def collect(self) -> None:
         """Handle the replies of the batches and ``acks`` requests that have come back."""
@@ -325,66 +305,32 @@ class Sampler:
             try:
                 states = self.acks_reply(a.learner, a.reply.result())
             except Exception as e:
-                # its learner holds them and did not answer: ask again later; sending them to another learner
-                # now could have them trained twice. Only a learner failing again and again loses them.
-                self._failed(a.learner, "asking for acks", e)
-                if self.failures[a.learner][0] >= GIVE_UP_FAILURES:
-                    self.give_up(a.learner)
+                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time())
                 continue
-            self.apply_states(a.learner, a.ids, states)
+            for gid in self.outbox.states(a.learner, a.ids, states):
+                if self.ack_log:
+                    self.ack_log.write(gid + "\n")
         for b in [b for b in self.in_flight if b.reply.done()]:
             self.in_flight.remove(b)
-            groups = [self.outbox[gid] for gid in b.ids]  # settle leaves groups being sent alone
-            for p in groups:
-                p.sending = False
+            what = f"sending {len(b.ids)} groups"
             try:
                 reply = unpack_map(b.reply.result(), {"results": list, "queue": int, "free": int})
                 if reply.get("error"):
                     raise BatchRefused(f"batch refused: {reply['error']}")
-                results = [r for r in reply["results"] if isinstance(r, list) and len(r) == 2
+                results = [tuple(r) for r in reply["results"] if isinstance(r, list) and len(r) == 2
                            and all(isinstance(x, str) for x in r)]
-                if len(results) != len(groups):
-                    raise ValueError(f"{len(reply['results'])} results for {len(groups)} groups")
-            except Exception as e:
-                # refused: the learner took none of them; otherwise (no reply in time, a reply that does not
-                # parse) it may have: they stay with it until an acks reply tells (``settle``)
-                taken = None if isinstance(e, (Refused, BatchRefused)) else b.learner
-                for p in groups:
-                    p.learner = taken
-                self._failed(b.learner, f"sending {len(groups)} groups", e)
+                if len(results) != len(b.ids):
+                    raise ValueError(f"{len(reply['results'])} results for {len(b.ids)} groups")
+            except (Refused, BatchRefused) as e:  # the learner took none of them
+                self.outbox.batch_refused(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
                 continue
-            self.failures.pop(b.learner, None)
+            except Exception as e:  # no reply in time, or one that does not parse: it may have taken them
+                self.outbox.batch_unanswered(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
+                continue
             rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
-            self.rtt[b.learner] = 0.8 * self.rtt[b.learner] + 0.2 * rtt if b.learner in self.rtt else rtt
-            self.queues[b.learner], self.free[b.learner] = reply["queue"], reply["free"]
+            self.outbox.batch_answered(b.learner, b.ids, results, reply["queue"], reply["free"], rtt, time.time())
             self.note_policy(b.learner, reply.get("policy"))
-            for p, (status, reason) in zip(groups, results):
-                self.on_result(p, b.learner, status, reason)
-            if any(status == "busy" for status, _ in results):  # sent again once an acks reply says there is room
-                self.free[b.learner] = 0
-
-    def on_result(self, p: Pending, target: str, status: str, reason: str) -> None:
-        """One group's answer: keep it (sent, busy, learner behind) or drop it (rejected)."""
-        p.learner = None
-        if status == "busy":  # the learner holds enough of ours: keep the group, send it again later
-            self.counts["send/busy"] += 1
-            if self.counts["send/busy"] <= 5 or self.counts["send/busy"] % 100 == 0:
-                log.info("learner %s busy: group %s kept, sent again later (%d busy answers so far)",
-                         target[-6:], p.group.group_id, self.counts["send/busy"])
-            return
-        if status == "rejected" and reason == "future_version":
-            # that learner is behind the swarm (restarted, catching up): keep the group, try again later
-            self.counts["send/learner_behind"] += 1
-            self.failures[target] = (1, time.time() + backoff(1))
-            return
-        if status == "rejected":
-            self.counts[f"send/rejected/{reason}"] += 1
-            level = logging.DEBUG if reason == "stale" else logging.WARNING
-            log.log(level, "learner %s rejected group %s: %s", target[-6:], p.group.group_id[-12:], reason)
-            self.outbox.pop(p.group.group_id, None)
-            return
-        self.counts["send/" + status] += 1
-        p.learner = target
+        self.rtts = dict(self.outbox.rtt)
 
     def ask_acks(self, learner: str, ids: list[str]) -> dict:
         """The states ``learner`` reports for ``ids`` (an ``acks`` request, waited for). Raises on a failed or
@@ -395,49 +341,18 @@ class Sampler:
         """The states of an ``acks`` reply; its queue length, the room it has for our groups and its newest
         policy record are noted. Raises ValueError on a malformed reply."""
         reply = unpack_map(raw, {"states": dict, "queue": int})
-        if learner in self.failures:  # it answers: no longer failing in a row (a back-off under way stays)
-            self.failures[learner] = (0, self.failures[learner][1])
-        self.queues[learner] = reply["queue"]
-        if isinstance(reply.get("free"), int):
-            self.free[learner] = reply["free"]
+        free = reply.get("free")
+        if not isinstance(free, int) or isinstance(free, bool):
+            free = None
+        self.outbox.heard(learner, reply["queue"], free)
         self.note_policy(learner, reply.get("policy"))
         return reply["states"]
 
-    def apply_states(self, learner: str, ids: list[str], states: dict) -> None:
-        """Drop the groups ``learner`` reports trained, dropped or rejected; resend those it does not know."""
-        for gid in ids:
-            p = self.outbox.get(gid)
-            if p is None or p.learner != learner:  # settled or sent elsewhere while the request was out
-                continue
-            state = states.get(gid, "unknown")
-            if state in DONE_STATES:
-                self.counts[f"acked/{state}"] += 1
-                del self.outbox[gid]
-                if state == "trained" and self.ack_log:
-                    self.ack_log.write(gid + "\n")
-            elif state == "unknown":
-                self.counts["send/resend"] += 1
-                p.learner = None
-
     def settle(self) -> None:
         """Ask each learner about the groups it holds for us (without waiting: ``collect`` handles the
-        replies); note groups whose learner is gone for resending."""
-        live = {r.peer_id for r in self.learners}
+        replies); groups whose learner is gone are sent again."""
         asking = {a.learner for a in self.acking}
-        by_learner: dict[str, list[str]] = {}
-        for gid, p in self.outbox.items():
-            if p.sending:
-                continue
-            if p.learner in live:
-                if p.learner not in asking:
-                    by_learner.setdefault(p.learner, []).append(gid)
-            elif p.learner is not None:  # its learner is gone
-                self.counts["send/resend"] += 1
-                p.learner = None
-        for learner in live - asking:  # a learner that said it takes no more of ours: ask again (its free space)
-            if self.free.get(learner, 1) <= 0:
-                by_learner.setdefault(learner, [])
-        for learner, ids in by_learner.items():
+        for learner, ids in self.outbox.to_ask({r.peer_id for r in self.learners}, asking).items():
             for i in range(0, max(1, len(ids)), 1024):
                 chunk = ids[i : i + 1024]
                 reply = self.node.submit(learner, "acks", pack({"ids": chunk}), MAX_CONTROL_BYTES)
@@ -452,16 +367,11 @@ class Sampler:
             self.learners = learners
         return bool(learners and self.node.latest_policy() and self.node.run_configs())
 
-    def learners_full(self) -> bool:
-        """True while every usable learner last reported a full queue (back-pressure)."""
-        usable = self.usable_learners()
-        return bool(usable) and all(self.queues.get(r.peer_id, 0) >= self.cfg.flow.max_learner_queue for r in usable)
-
     def heartbeat(self) -> None:
         self.node.refresh_trust()
         self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
-                                      queue_depth=len(self.outbox)))
+                                      queue_depth=self.view.groups))
         errors = self.node.dht_errors
         learners = self.node.peers("learner")
         if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
@@ -472,7 +382,8 @@ class Sampler:
         node = self.node
         node.trust = Trust(self.cfg.trust.authority, self.cfg.net.run_id)
         rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
-                         f"the run record of run {self.cfg.net.run_id!r} signed by authority {self.cfg.trust.authority[:12]}",
+                         f"the run record of run {self.cfg.net.run_id!r} signed by authority "
+                         f"{self.cfg.trust.authority[:12]}",
                          log, stop)
         if rec is None:
             return
@@ -486,8 +397,7 @@ class Sampler:
 
     def run(self, stop: threading.Event) -> None:
         n = self.cfg.train.groups_per_step
-        if not self.cfg.net.client_mode:
-            self.node.limits = PeerLimits(self.cfg.trust)  # other samplers fetch from us: per-peer limits, slow readers cut
+        if not self.cfg.net.client_mode:  # other samplers fetch from us (the node's limits apply)
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
                             self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
@@ -496,7 +406,8 @@ class Sampler:
         self.heartbeat()
         beat = [time.time()]
 
-        def learner_up():  # heartbeats go on while waiting: `p2prl status` shows a sampler waiting in a run nobody trains
+        # heartbeats go on while waiting: `p2prl status` shows a sampler waiting in a run nobody trains
+        def learner_up():
             if time.time() - beat[0] > self.cfg.net.heartbeat_s:
                 self.heartbeat()
                 beat[0] = time.time()
@@ -514,18 +425,21 @@ class Sampler:
             t.start()
         last_poll = 0.0
         while not stop.is_set():
-            if self.fetched is not None:  # a newer version, fetched by the sync thread: load it between rollouts
-                self.load(*self.fetched)
-                self.fetched = None
+            self.view = View(dict(self.outbox.counts), len(self.outbox))
+            # a newer version fetched by the sync thread: loaded here, between rollouts
+            if (got := self.fetched.take()) is not None:
+                self.load(*got)
             self.collect()
             self.flush()
             if time.time() - last_poll > self.cfg.net.poll_s:
                 self.settle()
                 last_poll = time.time()
-            if not self.learners or len(self.outbox) >= self.cfg.flow.outbox_limit or self.learners_full():
+            learners = self.learners
+            full = len(self.outbox) >= self.cfg.flow.outbox_limit or self.outbox.full(learners, time.time())
+            if not learners or full:
                 stop.wait(self.cfg.net.poll_s)
                 continue
-            if self.unsent():  # groups wait for room at a learner: making more now would only age them
+            if self.outbox.unsent():  # groups wait for room at a learner: making more now would only age them
                 self.wait_for_room(stop)
                 continue
             t0 = time.time()
@@ -533,22 +447,28 @@ class Sampler:
             if self.cfg.testing.slowdown > 1:
                 stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
             for g in groups:
-                self.outbox[g.group_id] = Pending(g, encode_group(g), None)
+                self.outbox.add(g, encode_group(g))
             self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
+        self.view = View(dict(self.outbox.counts), len(self.outbox))
         self.wake.set()  # the sync thread waits for it, or for net.poll_s
         for t in threads:
             t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
 
+    def all_counts(self) -> dict[str, int]:
+        """The outbox's counters as the loop last published them, and the weight fetches' now."""
+        with self.lock:
+            return {**self.view.counts, **self.counts}
+
     def prometheus(self) -> list:
         """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
-        by = prom.split_counts(dict(self.counts))
+        by = prom.split_counts(self.all_counts())
         return [
             prom.info("sampler", self.cfg.net.run_id, self.node.peer_id),
             prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
             prom.counter("groups_made", "Groups generated", self.core.groups_made),
             prom.gauge("outbox_groups", "Groups sent or waiting, not yet acknowledged as trained or dropped",
-                       len(self.outbox)),
+                       self.view.groups),
             prom.gauge("throughput_groups_per_second", "Groups generated per second (moving average)", self.throughput),
             prom.gauge("learners", "Learners of the run this sampler knows", len(self.learners)),
             prom.labelled("sampler_events", "Sends, acknowledgements and weight fetches by section, outcome and reason",
@@ -564,7 +484,8 @@ class Sampler:
 def run_sampler(cfg: Config, stop: threading.Event) -> dict:
     # the model loads first: a bootstrap started together with this peer comes up meanwhile
     policy = load_policy(cfg.model.path, cfg.model)
-    node = SwarmNode(cfg.net, "sampler", stop)
+    # other samplers fetch weights from us: per-peer limits, slow readers cut (a client-mode peer serves nobody)
+    node = SwarmNode(cfg.net, "sampler", stop, limits=None if cfg.net.client_mode else PeerLimits(cfg.trust))
     server = None
     try:
         sampler = Sampler(cfg, node, policy)
@@ -575,4 +496,4 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
         prom.stop_metrics(server)
         node.shutdown()
     return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), "dht_errors": node.dht_errors,
-            **sampler.counts, **node.trust.counts}
+            **sampler.all_counts(), **node.trust.counts}

@@ -115,8 +115,11 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
 
 
 class SwarmNode:
-    def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None):
-        """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive)."""
+    def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
+                 reputation: Reputation | None = None, limits: PeerLimits | None = None):
+        """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive). The gate on
+        every stream this node serves: ``reputation`` (banned peers' streams are refused) and ``limits`` (per-peer
+        rate and concurrency limits, slow readers cut)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
         self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
@@ -131,8 +134,7 @@ class SwarmNode:
         )
         self.peer_id = self.dht.peer_id.to_base58()
         self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
-        self.limits: PeerLimits | None = None  # per-peer rate and concurrency limits on served streams
-        self.reputation: Reputation | None = None  # banned peers' streams are refused
+        self.limits, self.reputation = limits, reputation
         self._dht_lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)

@@ -1,19 +1,20 @@
 """The batched ``rollouts`` stream: codec bounds, the learner's queue bounds, the sampler's send window."""
 
 import asyncio
-import math
 import threading
 import time
 from collections import Counter
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from p2prl.config import load_config
-from p2prl.learner.loop import ACTIVE_SENDER_S, Learner
-from p2prl.sampler.loop import GIVE_UP_FAILURES, Pending, Sampler
+from p2prl.learner.intake import ACTIVE_SENDER_S, RolloutIntake
+from p2prl.rollout.record import Limits
+from p2prl.sampler.loop import Sampler
+from p2prl.sampler.outbox import GIVE_UP_FAILURES
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PolicyRecord, new_record
 from p2prl.swarm.node import Refused
@@ -95,15 +96,17 @@ class Buffer(list):
         return []
 
 
-def fake_learner(waiting, others=0, **overrides):
-    """The parts of a Learner that on_rollouts / admit_batch / room use; ``admit`` queues what it accepts."""
+def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
+    """A learner's intake with ``waiting`` groups queued, one of ``1 + others`` learners; its ``admit`` queues what
+    it accepts."""
     cfg = load_config(None, ["train.groups_per_step=4", "flow.queue_steps=2", "flow.max_batch_groups=4",
                              *(f"{k}={v}" for k, v in overrides.items())])
-    lrn = SimpleNamespace(lock=threading.Condition(), counts=Counter(), buffer=Buffer(waiting), cfg=cfg, bytes_in=0,
-                          batch_limit=1 << 16, senders={}, membership=SimpleNamespace(others=["L"] * others),
-                          reputation=SimpleNamespace(rejected=[], reject=lambda p, r: lrn.reputation.rejected.append(r)),
-                          admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"),
-                          latest=None)
+    rejected = []
+    reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r))
+    ledger = SimpleNamespace(buffer=Buffer(waiting), counts=Counter())
+    lrn = RolloutIntake(cfg.flow, cfg.train.groups_per_step, Limits(), ledger, verifier=None, spot=None,
+                        reputation=reputation, version=lambda: 0, latest=lambda: None, learners=lambda: 1 + others)
+    lrn.batch_limit = 1 << 16
 
     def admit(data, peer):
         if data == b"bad":
@@ -112,8 +115,6 @@ def fake_learner(waiting, others=0, **overrides):
         return "accepted", ""
 
     lrn.admit = admit
-    for name in ("queue_bounds", "room", "admit_batch", "policy_hint"):
-        setattr(lrn, name, getattr(Learner, name).__get__(lrn))
     return lrn
 
 
@@ -148,7 +149,7 @@ def run_rollouts(lrn, raw: bytes, peer: str) -> dict:
     w = Writer()
 
     async def go():  # the reader belongs to the loop that runs the handler
-        await Learner.on_rollouts(lrn, peer, frame(raw), w)
+        await lrn.on_rollouts(peer, frame(raw), w)
 
     asyncio.run(go())
     return w.reply()
@@ -168,8 +169,9 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
     assert lrn.counts["rejected/batch_truncated"] == 1 and lrn.counts["rejected/batch_batch_size"] == 1
     assert lrn.counts["rejected/batch_oversized"] == 1
     assert lrn.reputation.rejected == ["batch_truncated", "batch_batch_size", "batch_oversized"]
-    lrn.latest = PolicyRecord(version=3, sha256="ab" * 32, size=10)  # once it published: its newest record too
-    assert PolicyRecord.decode(run_rollouts(lrn, encode_batch([b"g4"]), "s")["policy"]) == lrn.latest
+    latest = PolicyRecord(version=3, sha256="ab" * 32, size=10)
+    lrn.latest = lambda: latest  # once it published: its newest record too
+    assert PolicyRecord.decode(run_rollouts(lrn, encode_batch([b"g4"]), "s")["policy"]) == latest
     lrn.admission.shutdown()
 
 
@@ -198,15 +200,12 @@ class FakeNode:
 
 
 def fake_sampler(n_groups: int, **flow) -> Sampler:
-    s = object.__new__(Sampler)
-    s.cfg = load_config(None, ["train.groups_per_step=2", *(f"flow.{k}={v}" for k, v in flow.items())])
-    s.node = FakeNode()
+    """A real Sampler on a fake node and core (holding version 2), with ``n_groups`` groups in its outbox."""
+    cfg = load_config(None, ["train.groups_per_step=2", *(f"flow.{k}={v}" for k, v in flow.items())])
+    s = Sampler(cfg, FakeNode(), core=SimpleNamespace(version=2, weights_sha256=""))
     s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
-    s.outbox = {f"S/{i}": Pending(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode(), None) for i in range(n_groups)}
-    s.counts, s.failures, s.queues, s.free, s.rtt, s.in_flight, s.acking = Counter(), {}, {}, {}, {}, [], []
-    s.throughput, s.next_sync, s.fetched, s.wake, s.ack_log, s.hint = 0.0, 0, None, threading.Event(), None, None
-    s.heard_at = -math.inf
-    s.core = SimpleNamespace(version=2)
+    for i in range(n_groups):
+        s.outbox.add(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode())
     return s
 
 
@@ -219,30 +218,30 @@ def test_sampler_sends_a_window_and_handles_each_groups_answer():
     assert len(s.node.sent) == 1, "a full window waits for its reply"
     fut.set_result(pack({"results": [["accepted", ""], ["busy", "queue_full"]], "queue": 1, "free": 3}))
     s.collect()
-    assert s.outbox["S/0"].learner == "L1" and not s.outbox["S/0"].sending
-    assert s.outbox["S/1"].learner is None and s.counts["send/busy"] == 1 and "L1" in s.rtt
-    assert s.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
+    assert s.outbox.groups["S/0"].learner == "L1" and not s.outbox.groups["S/0"].sending
+    assert s.outbox.groups["S/1"].learner is None and s.outbox.counts["send/busy"] == 1 and "L1" in s.outbox.rtt
+    assert s.outbox.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
     s.flush()
     assert len(s.node.sent) == 1
-    assert [p.group.group_id for p in s.unsent()] == ["S/1", "S/2", "S/3", "S/4"]
-    s.free["L1"] = 4  # as an acks reply sets it
+    assert [p.group.group_id for p in s.outbox.unsent()] == ["S/1", "S/2", "S/3", "S/4"]
+    s.outbox.free["L1"] = 4  # as an acks reply sets it
     s.flush()
     assert decode_batch(s.node.sent[1][1], 8) == [b"rec1", b"rec2"]  # the busy group goes first
     s.node.sent[1][2].set_result(pack({"results": [["rejected", "bad_reward"], ["duplicate", ""]], "queue": 2,
                                        "free": 0}))
     s.collect()
-    assert "S/1" not in s.outbox and s.outbox["S/2"].learner == "L1"
+    assert "S/1" not in s.outbox.groups and s.outbox.groups["S/2"].learner == "L1"
     s.flush()
     assert len(s.node.sent) == 2, "the learner said it takes no more"
 
 
 def test_a_sampler_answered_busy_asks_for_room_again_after_two_round_trips_not_a_whole_poll():
     s = fake_sampler(3)
-    s.free["L1"], s.rtt["L1"] = 0, 0.2
+    s.outbox.free["L1"], s.outbox.rtt["L1"] = 0, 0.2
     stop = SimpleNamespace(waited=[], wait=lambda t: stop.waited.append(t) or False)
     s.wait_for_room(stop)
     assert stop.waited == [pytest.approx(0.4)] and s.node.asked == [("L1", [])]
-    assert s.free["L1"] == 7 and s.queues["L1"] == 1
+    assert s.outbox.free["L1"] == 7 and s.outbox.queues["L1"] == 1
     s.flush()
     assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0", b"rec1"]]
     s.wait_for_room(SimpleNamespace(wait=lambda t: False))  # a batch in flight: its reply is what it waits for
@@ -251,10 +250,10 @@ def test_a_sampler_answered_busy_asks_for_room_again_after_two_round_trips_not_a
 
 def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learners_room():
     s = fake_sampler(12)
-    s.rtt["L1"], s.throughput, s.free["L1"] = 1.5, 4.0, 20  # 6 groups made per round trip
+    s.outbox.rtt["L1"], s.throughput, s.outbox.free["L1"] = 1.5, 4.0, 20  # 6 groups made per round trip
     s.flush()
     assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6]
-    s.free["L1"] = 3
+    s.outbox.free["L1"] = 3
     s.node.sent[0][2].set_result(pack({"results": [["accepted", ""]] * 6, "queue": 6, "free": 3}))
     s.collect()
     s.flush()
@@ -272,8 +271,8 @@ def test_a_failed_or_malformed_batch_reply_keeps_every_group_and_backs_off(outco
     fut = s.node.sent[0][2]
     fut.set_exception(outcome) if isinstance(outcome, Exception) else fut.set_result(outcome)
     s.collect()
-    assert all(p.learner == taken and not p.sending for p in s.outbox.values()) and len(s.outbox) == 2
-    assert s.counts["send/failed"] == 1 and "L1" in s.failures
+    assert all(p.learner == taken and not p.sending for p in s.outbox.groups.values()) and len(s.outbox) == 2
+    assert s.outbox.counts["send/failed"] == 1 and "L1" in s.outbox.failures
 
 
 def test_batches_respect_the_byte_bound():
@@ -284,20 +283,20 @@ def test_batches_respect_the_byte_bound():
 
 def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
     s = fake_sampler(4)
-    for p in s.outbox.values():
+    for p in s.outbox.groups.values():
         p.learner = "L1"
     s.settle()
     [(peer, ids, fut)] = s.node.acks
     assert peer == "L1" and ids == ["S/0", "S/1", "S/2", "S/3"]
     s.settle()
     assert len(s.node.acks) == 1, "one request per learner in flight"
-    s.outbox["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
+    s.outbox.groups["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
     fut.set_result(pack({"states": {"S/0": "trained", "S/1": "unknown", "S/2": "pending", "S/3": "trained"},
                          "queue": 3, "free": 5, "policy": policy(2)}))
     s.collect()
-    assert sorted(s.outbox) == ["S/1", "S/2", "S/3"] and s.counts["acked/trained"] == 1
-    assert s.outbox["S/1"].learner is None and s.counts["send/resend"] == 1 and s.outbox["S/2"].learner == "L1"
-    assert (s.queues["L1"], s.free["L1"]) == (3, 5) and not s.acking
+    assert sorted(s.outbox.groups) == ["S/1", "S/2", "S/3"] and s.outbox.counts["acked/trained"] == 1
+    assert s.outbox.groups["S/1"].learner is None and s.outbox.counts["send/resend"] == 1 and s.outbox.groups["S/2"].learner == "L1"
+    assert (s.outbox.queues["L1"], s.outbox.free["L1"]) == (3, 5) and not s.acking
     assert not s.wake.is_set(), "the learner is at the version we hold"
 
 
@@ -306,22 +305,22 @@ def test_groups_a_learner_holds_go_elsewhere_only_after_it_fails_again_and_again
     # learner they could be trained twice
     s = fake_sampler(2)
     s.learners.append(new_record("learner", "test", "L2", policy_version=0, throughput=0.0, queue_depth=0))
-    for p in s.outbox.values():
+    for p in s.outbox.groups.values():
         p.learner = "L1"
     for n in range(1, GIVE_UP_FAILURES):
         s.settle()
         s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
         s.collect()
-        assert all(p.learner == "L1" for p in s.outbox.values()) and s.failures["L1"][0] == n
+        assert all(p.learner == "L1" for p in s.outbox.groups.values()) and s.outbox.failures["L1"][0] == n
     s.settle()
     s.node.acks[-1][2].set_result(pack({"states": {"S/0": "pending", "S/1": "pending"}, "queue": 2, "free": 0}))
     s.collect()
-    assert s.failures["L1"][0] == 0, "an answer ends the run of failures"
+    assert s.outbox.failures["L1"][0] == 0, "an answer ends the run of failures"
     for _ in range(GIVE_UP_FAILURES):
         s.settle()
         s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
         s.collect()
-    assert all(p.learner is None for p in s.outbox.values()) and s.counts["send/resend"] == 2
+    assert all(p.learner is None for p in s.outbox.groups.values()) and s.outbox.counts["send/resend"] == 2
 
 
 def test_a_failed_learner_look_up_does_not_forget_the_learners():
@@ -360,22 +359,22 @@ def test_a_reply_naming_a_newer_version_wakes_the_look_up_only_when_we_would_loa
     s.next_sync = 6  # the sync delay holds us at version 2 until version 6
     s.note_policy("L1", policy(5))
     assert not s.wake.is_set()
-    s.fetched = ("L1", None, bytearray())  # one fetched already waits to be loaded
+    s.fetched.put(("L1", None, bytearray()))  # one fetched already waits to be loaded
     s.note_policy("L1", policy(6))
     assert not s.wake.is_set()
-    s.fetched = None
+    s.fetched.take()
     for junk in (None, 6, b"\x92garbage", PolicyRecord(version=6, sha256="cd" * 32, size=10).model_dump()):
         s.note_policy("L1", junk)
-    assert not s.wake.is_set() and s.hint is None
+    assert not s.wake.is_set() and s.hints.empty()
     s.note_policy("L1", policy(6))
-    assert s.wake.is_set() and s.hint == ("L1", PolicyRecord.decode(policy(6)))
+    assert s.wake.is_set() and s.hints.take() == ("L1", PolicyRecord.decode(policy(6)))
 
 
 def test_a_record_a_learner_names_is_checked_as_one_from_the_dht():
     s = fake_sampler(0)
     s.node.trust = Trust("a" * 52, "test")  # a run with an authority: records must be signed by authorized learners
     s.note_policy("L1", policy(6))
-    assert s.hint is None and not s.wake.is_set() and s.node.trust.counts["untrusted/policy_record"] == 1
+    assert s.hints.empty() and not s.wake.is_set() and s.node.trust.counts["untrusted/policy_record"] == 1
 
 
 def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(monkeypatch):
@@ -387,10 +386,10 @@ def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(mon
     s.node.holders = lambda r: calls.append("holders") or ["S2"]
     monkeypatch.setattr("p2prl.sampler.loop.fetch_weights", lambda node, holders, r, parallel: fetched_from.append(
         list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1]))
-    s.rtt["L1"] = 1.5  # far
+    s.rtts["L1"] = 1.5  # far
     assert s.fetch_latest(("L1", rec))[:2] == ("L1", rec)
     assert calls == [] and fetched_from == [["L1"]]
-    s.rtt["L1"] = 0.05  # near: holders looked up (samplers serve it first)
+    s.rtts["L1"] = 0.05  # near: holders looked up (samplers serve it first)
     s.fetch_latest(("L1", rec))
     assert calls == ["holders"] and fetched_from[-1] == ["S2", "L1"]
     s.fetch_latest()  # no hint: the DHT's newest
@@ -406,18 +405,18 @@ def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one(
     t = threading.Thread(target=s.policy_sync, args=(stop,))
     t.start()
     try:
-        s.hint = ("L1", "record")
+        s.hints.put(("L1", "record"))
         s.wake.set()
-        assert wait_for(lambda: s.fetched is not None, 5)
-        assert s.fetched[1].version == 1 and looked == [("L1", "record")] and s.hint is None
+        assert wait_for(lambda: not s.fetched.empty(), 5)
+        assert looked == [("L1", "record")] and s.hints.empty()
         s.wake.set()  # a fetched version waits to be loaded: no second look-up meanwhile
         time.sleep(0.3)
         assert len(looked) == 1
-        s.fetched = None  # the loop loaded it
+        assert s.fetched.take()[1].version == 1  # the loop loaded it
         s.wake.set()
-        assert wait_for(lambda: s.fetched is not None, 5) and s.fetched[1].version == 2 and looked[1] is None
+        assert wait_for(lambda: not s.fetched.empty(), 5) and looked[1] is None
         s.note_policy("L1", policy(1))  # learners' replies name their newest records: no DHT look-ups
-        s.fetched = None
+        assert s.fetched.take()[1].version == 2
         s.wake.set()
         time.sleep(0.3)
         assert len(looked) == 2

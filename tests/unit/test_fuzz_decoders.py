@@ -6,7 +6,6 @@ count every rejection (and report it to the peer's reputation), never fail with 
 """
 
 import asyncio
-import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -15,8 +14,8 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2prl.config import TrustConfig
-from p2prl.learner.loop import Learner
+from p2prl.config import TrustConfig, load_config
+from p2prl.learner.intake import RolloutIntake
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
 from p2prl.sampler.loop import Sampler
 from p2prl.swarm.authority import Trust
@@ -36,6 +35,7 @@ SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), 
 VALUES = st.recursive(SCALARS, lambda c: st.one_of(st.lists(c, max_size=4), st.dictionaries(st.text(max_size=8), c,
                                                                                           max_size=4)), max_leaves=8)
 PEER = "12D3KooWfuzzpeer"
+SAMPLER_CFG = load_config(None, [])
 
 
 def mutate(d: dict, data) -> dict:
@@ -116,19 +116,16 @@ def test_fuzz_rollout_record_damaged_bytes(data):
     check_decode_group(damage(encode_group(valid_group()), data))
 
 
-def fake_learner() -> SimpleNamespace:
-    """What ``Learner.admit`` / ``on_acks`` / ``on_rollouts`` use, with a ledger and verifier that accept whatever
-    decodes and a queue that always has room."""
-    passes = SimpleNamespace(check=lambda *a: None, admit=lambda *a: None, states_of=lambda ids: {i: "unknown" for i in ids})
-    learner = SimpleNamespace(limits=Limits(max_bytes=1 << 16), core=SimpleNamespace(version=2), lock=threading.Condition(),
-                              counts=Counter(), ledger=passes, verifier=passes, buffer=[],
-                              reputation=Reputation(TrustConfig(ban_threshold=10**6)),
-                              spot=SimpleNamespace(wants=lambda gid: False), room=lambda peer: 4, bytes_in=0,
-                              batch_limit=1 << 18, cfg=SimpleNamespace(flow=SimpleNamespace(max_batch_groups=4)),
-                              senders={}, latest=PolicyRecord(version=2, sha256="ab" * 32, size=10))
-    learner.policy_hint = Learner.policy_hint.__get__(learner)
-    learner.admit = Learner.admit.__get__(learner)
-    learner.admit_batch = Learner.admit_batch.__get__(learner)
+def fake_learner() -> RolloutIntake:
+    """A learner's intake whose ledger and verifier accept whatever decodes, with a queue that always has room."""
+    passes = SimpleNamespace(check=lambda *a: None, admit=lambda *a: None, states_of=lambda ids: {i: "unknown" for i in ids},
+                             buffer=[], counts=Counter())
+    flow = load_config(None, ["flow.max_batch_groups=4"]).flow
+    latest = PolicyRecord(version=2, sha256="ab" * 32, size=10)
+    learner = RolloutIntake(flow, 4, Limits(max_bytes=1 << 16), passes, passes, SimpleNamespace(wants=lambda gid: False),
+                            Reputation(TrustConfig(ban_threshold=10**6)), version=lambda: 2, latest=lambda: latest,
+                            learners=lambda: 1)
+    learner.room, learner.batch_limit = (lambda peer: 4), 1 << 18
     return learner
 
 
@@ -141,7 +138,7 @@ def rejections(learner) -> Counter:
 def test_fuzz_learner_admission_counts_every_rejection(data):
     learner = fake_learner()
     raw = random_or_mutated(data, VALID_GROUP)
-    status, reason = Learner.admit(learner, raw, PEER)
+    status, reason = learner.admit(raw, PEER)
     assert "internal" not in learner.counts and reason != "internal"  # no decoder crash
     if status == "rejected":
         assert rejections(learner) == Counter({reason: 1})
@@ -156,7 +153,7 @@ def test_fuzz_learner_admission_counts_every_rejection(data):
 @given(st.one_of(st.binary(max_size=512), VALUES.map(lambda v: pack({"ids": v})), VALUES.map(pack)))
 def test_fuzz_acks_request(raw):
     learner = fake_learner()
-    w = serve(lambda r, w: Learner.on_acks(learner, PEER, r, w), raw)
+    w = serve(lambda r, w: learner.on_acks(PEER, r, w), raw)
     try:
         unpack_map(raw, {"ids": list})
     except ValueError:
@@ -170,19 +167,16 @@ def test_fuzz_acks_request(raw):
 @FUZZ
 @given(st.data())
 def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
-    from concurrent.futures import ThreadPoolExecutor
-
     records = [encode_group(valid_group())] + [random_or_mutated(data, VALID_GROUP)
                                                for _ in range(data.draw(st.integers(0, 3)))]
     raw = encode_batch(data.draw(st.permutations(records)))
     if data.draw(st.booleans()):
         raw = damage(raw, data)
     learner = fake_learner()
-    learner.admission = ThreadPoolExecutor(1)
     try:
-        reply = serve(lambda r, w: Learner.on_rollouts(learner, PEER, r, w), raw).reply()
+        reply = serve(lambda r, w: learner.on_rollouts(PEER, r, w), raw).reply()
     finally:
-        learner.admission.shutdown()
+        learner.shutdown()
     try:
         parts = decode_batch(raw, 4)
     except BatchError as e:
@@ -190,7 +184,7 @@ def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
         assert learner.reputation.peers[PEER].reasons == Counter({f"batch_{e.reason}": 1})
         return
     single = fake_learner()
-    assert reply["results"] == [list(Learner.admit(single, p, PEER)) for p in parts]
+    assert reply["results"] == [list(single.admit(p, PEER)) for p in parts]
     reasons = lambda lrn: lrn.reputation.peers[PEER].reasons if PEER in lrn.reputation.peers else Counter()
     assert learner.counts == single.counts and reasons(learner) == reasons(single)
 
@@ -202,9 +196,7 @@ def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
 def test_fuzz_acks_reply(raw):
     # the sampler's side: a hostile learner's reply is a ValueError or states, and its "policy" field a
     # record that wakes the sync thread only when it is valid and newer than the version held
-    s = object.__new__(Sampler)
-    s.queues, s.free, s.failures, s.rtt, s.hint, s.fetched, s.next_sync = {}, {}, {}, {}, None, None, 0
-    s.core, s.node, s.wake = SimpleNamespace(version=5), SimpleNamespace(trust=Trust("", "run")), threading.Event()
+    s = Sampler(SAMPLER_CFG, SimpleNamespace(peer_id="S", trust=Trust("", "run")), core=SimpleNamespace(version=5))
     try:
         states = s.acks_reply("L", raw)
     except ValueError:
@@ -212,7 +204,7 @@ def test_fuzz_acks_reply(raw):
     assert isinstance(states, dict)
     rec = PolicyRecord.decode(msgpack.unpackb(raw, raw=False).get("policy"))
     assert s.wake.is_set() == (rec is not None and rec.version > 5)
-    assert s.hint == (("L", rec) if s.wake.is_set() else None)
+    assert s.hints.take() == (("L", rec) if s.wake.is_set() else None)
 
 
 # ---- hello: the reply, as a learner's membership handles it ----
@@ -285,7 +277,7 @@ def test_fuzz_inputs_include_a_valid_state_and_record():
     assert decode_state(b"".join(encode_state(valid_state(), b"w" * 32, b"opt"))).version == 4
     assert set(valid_state()) == set(HEADER_FIELDS)
     assert decode_group(encode_group(valid_group())).group_id == f"{PEER}/1"
-    assert Learner.admit(fake_learner(), encode_group(valid_group()), PEER) == ("accepted", "")
+    assert fake_learner().admit(encode_group(valid_group()), PEER) == ("accepted", "")
 
 
 # ---- weights request, through the handler: bad requests counted and reported ----

@@ -1,7 +1,6 @@
 """Prometheus families of a learner and a sampler (parsed with prometheus_client's parser), the lag histogram,
 the peer record's reward / accuracy bounds, and `p2prl status` (other runs, --watch)."""
 
-import threading
 from collections import Counter
 from types import SimpleNamespace
 
@@ -11,8 +10,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from p2prl import PROTOCOL_VERSION, prom
 from p2prl.config import load_config
-from p2prl.learner.loop import Learner
-from p2prl.sampler.loop import Sampler
+from p2prl.learner.report import LearnerReport, families
+from p2prl.sampler.loop import Sampler, View
 from p2prl.swarm import status
 from p2prl.swarm.dht import PeerRecord, RunAnnouncement, new_record
 
@@ -29,21 +28,19 @@ def scrape(collect) -> dict[str, dict]:
     return out
 
 
-def fake_learner() -> SimpleNamespace:
-    node = SimpleNamespace(peer_id="12D3KooWlearner", dht_errors=2, trust=SimpleNamespace(counts=Counter({"untrusted/policy_record": 1})))
-    return SimpleNamespace(
-        cfg=CFG, node=node, lock=threading.Condition(), buffer=[1, 2, 3], bytes_in=5000, acc=0.5, reward=0.25,
-        lags=Counter({0: 4, 1: 2, 3: 1}), throughput=1.5, core=SimpleNamespace(version=7),
-        counts=Counter({"admitted": 9, "dropped_stale": 2, "rejected/stale": 3, "rejected/logprob_mismatch": 1,
-                        "round/no_round": 4, "round/bad_member/non_finite": 1, "sync/loaded": 1}),
-        membership=SimpleNamespace(others={"x": 1}), store=SimpleNamespace(bytes_served=123456, uploads=3),
-        spot=SimpleNamespace(metrics=lambda: {"spot/passed": 5, "spot/failed": 1}),
-        trust_metrics=lambda: {"trust/banned_peers": 1, "trust/bans": 2, "trust/refused_banned/rollout": 4},
-    )
+def learner_report(**change) -> LearnerReport:
+    counts = {"admitted": 9, "dropped_stale": 2, "rejected/stale": 3, "rejected/logprob_mismatch": 1, "round/no_round": 4,
+              "round/bad_member/non_finite": 1, "sync/loaded": 1}
+    trust = {"trust/untrusted/policy_record": 1, "trust/banned_peers": 1, "trust/bans": 2,
+             "trust/refused_banned/rollout": 4, "spot/passed": 5, "spot/failed": 1}
+    return LearnerReport(**{**dict(
+        run_id="test", peer_id="12D3KooWlearner", version=7, acc=0.5, reward=0.25, throughput=1.5, queue_depth=3,
+        other_learners=1, max_staleness=CFG.staleness.max_staleness, counts=counts, lags={0: 4, 1: 2, 3: 1},
+        bytes_in=5000, weights_bytes_served=123456, weights_uploads=3, dht_errors=2, trust=trust), **change})
 
 
 def test_learner_metrics_read_its_counters():
-    m = scrape(lambda: Learner.prometheus(fake_learner()))
+    m = scrape(lambda: families(learner_report()))
     one = lambda name: next(iter(m[name].values()))  # noqa: E731
     assert one("p2prl_policy_version") == 7 and one("p2prl_heldout_accuracy") == 0.5 and one("p2prl_reward_mean") == 0.25
     assert one("p2prl_queue_depth") == 3 and one("p2prl_throughput_groups_per_second") == 1.5
@@ -67,20 +64,16 @@ def test_learner_metrics_read_its_counters():
 
 
 def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
-    learner = fake_learner()
-    learner.acc = learner.reward = None
-    m = scrape(lambda: Learner.prometheus(learner))
+    m = scrape(lambda: families(learner_report(acc=None, reward=None)))
     assert "p2prl_heldout_accuracy" not in m and "p2prl_reward_mean" not in m and "p2prl_policy_version" in m
 
 
 def test_sampler_metrics_read_its_counters():
-    sampler = SimpleNamespace(
-        cfg=CFG, node=SimpleNamespace(peer_id="12D3KooWsampler", dht_errors=0, trust=SimpleNamespace(counts=Counter())),
-        core=SimpleNamespace(version=3, groups_made=40), outbox={"a": 1, "b": 2}, throughput=2.0, learners=[1],
-        counts=Counter({"send/accepted": 30, "send/rejected/stale": 2, "acked/trained": 25}),
-        store=SimpleNamespace(bytes_served=10),
-    )
-    m = scrape(lambda: Sampler.prometheus(sampler))
+    node = SimpleNamespace(peer_id="12D3KooWsampler", dht_errors=0, trust=SimpleNamespace(counts=Counter()))
+    sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40))
+    sampler.throughput, sampler.learners, sampler.store.bytes_served = 2.0, [1], 10
+    sampler.view = View({"send/accepted": 30, "send/rejected/stale": 2, "acked/trained": 25}, groups=2)  # the loop's
+    m = scrape(sampler.prometheus)
     one = lambda name: next(iter(m[name].values()))  # noqa: E731
     assert one("p2prl_policy_version") == 3 and one("p2prl_groups_made_total") == 40 and one("p2prl_outbox_groups") == 2
     events = {tuple(v for _, v in sorted(k, key=lambda kv: ["section", "outcome", "reason"].index(kv[0]))): n

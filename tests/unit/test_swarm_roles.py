@@ -10,8 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from p2prl.config import load_config
-from p2prl.learner.loop import Learner
+from p2prl.learner.intake import RolloutIntake
 from p2prl.policy.model import PolicyLoadError
+from p2prl.rollout.record import Limits
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.membership import Membership
@@ -123,6 +124,15 @@ def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
     assert store.bad_requests == 2 and store.uploads == 1
 
 
+def intake(admit_batch) -> RolloutIntake:
+    """A learner's intake (records up to 1 KiB, an empty queue) whose admission thread runs ``admit_batch``."""
+    ledger = SimpleNamespace(buffer=[], counts=Counter())
+    it = RolloutIntake(load_config(None, []).flow, 4, Limits(max_bytes=1 << 10), ledger, verifier=None, spot=None,
+                       reputation=None, version=lambda: 0, latest=lambda: None, learners=lambda: 1)
+    it.admit_batch = admit_batch
+    return it
+
+
 def test_rollout_admission_runs_off_the_network_loop():
     """A slow verification (the reward function) leaves the loop free for other streams."""
     seen = {}
@@ -132,11 +142,7 @@ def test_rollout_admission_runs_off_the_network_loop():
         time.sleep(0.5)
         return "accepted", ""
 
-    from concurrent.futures import ThreadPoolExecutor
-
-    learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
-                              bytes_in=0, admission=ThreadPoolExecutor(1, thread_name_prefix="p2prl-admit"), buffer=[],
-                              admit_batch=lambda records, peer: [admit(d, peer) for d in records])
+    learner = intake(lambda records, peer: [admit(d, peer) for d in records])
 
     async def both():
         ticks = 0
@@ -149,12 +155,12 @@ def test_rollout_admission_runs_off_the_network_loop():
 
         ticker = asyncio.create_task(tick())
         w = Writer()
-        await Learner.on_rollout(learner, "peer", frame(b"record"), w)
+        await learner.on_rollout("peer", frame(b"record"), w)
         ticker.cancel()
         return ticks, w.data
 
     ticks, reply = asyncio.run(both())
-    learner.admission.shutdown()
+    learner.shutdown()
     assert seen["thread"].startswith("p2prl-admit")
     assert ticks >= 20, "the network loop stalled while a record was verified"
     assert reply[8:] == pack({"status": "accepted", "reason": "", "queue": 0})
@@ -199,16 +205,12 @@ def test_state_reply_round_trip_and_checks():
 
 def test_a_record_arriving_while_the_learner_stops_is_left_unanswered_without_a_traceback(caplog):
     """After the admission thread is shut, a late record gets no answer (its sampler resends), not an error."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    admission = ThreadPoolExecutor(1)
-    admission.shutdown()
-    learner = SimpleNamespace(limits=SimpleNamespace(max_bytes=1 << 10), lock=threading.Condition(), counts=Counter(),
-                              bytes_in=0, admission=admission, buffer=[],
-                              admit_batch=lambda records, peer: [("accepted", "")] * len(records))
+    learner = intake(lambda records, peer: [("accepted", "")] * len(records))
+    learner.shutdown()
     w = Writer()
+
     async def late():  # the reader is made inside the loop, as on a real stream
-        await Learner.on_rollout(learner, "peer", frame(b"record"), w)
+        await learner.on_rollout("peer", frame(b"record"), w)
 
     with caplog.at_level(logging.DEBUG, logger="p2prl.learner"):
         asyncio.run(late())

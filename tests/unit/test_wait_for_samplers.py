@@ -74,10 +74,13 @@ def test_wait_for_samplers_defaults_to_no_wait():
 def test_samplers_seen_are_those_that_sent_groups_not_those_only_announced():
     from types import SimpleNamespace
 
-    from p2prl.learner.loop import Learner
+    from p2prl.learner.intake import RolloutIntake
+    from p2prl.rollout.record import Limits
 
-    fake = SimpleNamespace(lock=threading.Lock(), senders={"sent": 1.0, "sent-too": 2.0},
-                           node=SimpleNamespace(peers=lambda role: [SimpleNamespace(peer_id="announced-only")]),
-                           buffer=SimpleNamespace(pending=[SimpleNamespace(sampler="sent")],  # queued: still counts
-                                                  first=[SimpleNamespace(sampler="quiet-for-a-minute")]))
-    assert Learner.samplers_seen(fake) == {"sent", "sent-too", "quiet-for-a-minute"}
+    buffer = SimpleNamespace(pending=[SimpleNamespace(sampler="sent")],  # queued: still counts
+                             first=[SimpleNamespace(sampler="quiet-for-a-minute")])
+    intake = RolloutIntake(load_config(None, []).flow, 4, Limits(), SimpleNamespace(buffer=buffer, counts={}),
+                           verifier=None, spot=None, reputation=None, version=lambda: 0, latest=lambda: None,
+                           learners=lambda: 1)
+    intake.senders.update({"sent": 1.0, "sent-too": 2.0})  # a sampler only announced in the DHT is not seen
+    assert intake.samplers_seen() == {"sent", "sent-too", "quiet-for-a-minute"}

@@ -1,0 +1,210 @@
+"""The learner's intake: rollout records in, acknowledgements out (the ``rollout``, ``rollouts`` and ``acks`` streams).
+
+Threads: the stream handlers run on the node's network loop; decoding, verification (rewards recomputed) and,
+for a share of groups, log-prob spot checks (``spotcheck.py``) run on the single admission thread, so a slow
+reward function stalls no other stream. The group ledger and its admission buffer, shared with the training
+loop, are touched only under ``lock``, which the intake owns (the training loop takes it too). Every rejection
+is counted and counts against the sending peer's reputation; a bad record never raises out of a handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Callable
+
+from p2prl.rollout.record import Limits, RecordError, decode_group
+from p2prl.swarm.node import FrameError, read_frame, write_frame
+from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, batch_frame_limit, decode_batch, pack,
+                                  queue_bounds, queue_room, unpack_map)
+
+if TYPE_CHECKING:
+    from p2prl.config import FlowConfig
+    from p2prl.learner.ledger import GroupLedger
+    from p2prl.learner.spotcheck import SpotChecker
+    from p2prl.rollout.verify import Verifier
+    from p2prl.swarm.dht import PolicyRecord
+    from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.reputation import Reputation
+
+log = logging.getLogger("p2prl.learner.core")
+ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
+
+
+class RolloutIntake:
+    def __init__(self, flow: FlowConfig, groups_per_step: int, limits: Limits, ledger: GroupLedger,
+                 verifier: Verifier, spot: SpotChecker, reputation: Reputation, version: Callable[[], int],
+                 latest: Callable[[], PolicyRecord | None], learners: Callable[[], int]):
+        """``version``: the learner's current version; ``latest``: the newest policy record it published (named in
+        replies); ``learners``: how many learners train the run (this one included), which splits a step."""
+        self.flow, self.groups_per_step, self.limits = flow, groups_per_step, limits
+        self.ledger, self.buffer, self.counts = ledger, ledger.buffer, ledger.counts
+        self.verifier, self.spot, self.reputation = verifier, spot, reputation
+        self.version, self.latest, self.learners = version, latest, learners
+        self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
+        self.lock = threading.Condition()  # guards the ledger and its admission buffer; notified on admission
+        self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
+        self.bytes_in = 0  # rollout records received
+        self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
+
+    def serve(self, node: SwarmNode) -> None:
+        node.serve("rollouts", self.on_rollouts, node.transfer_timeout(self.batch_limit))
+        node.serve("rollout", self.on_rollout)
+        node.serve("acks", self.on_acks)
+
+    def shutdown(self) -> None:
+        """Stop admitting: records still arriving are left unanswered (their samplers send them again)."""
+        self.admission.shutdown(wait=False, cancel_futures=True)
+
+    def samplers_seen(self) -> set[str]:
+        """Samplers that have sent this learner groups: ready to contribute (a far sampler announces itself
+        in the DHT long before it holds a policy and has made a group: seconds of round trips)."""
+        with self.lock:
+            return set(self.senders) | {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
+
+    # ---- admission (on the admission thread) ----------------------------------------------------------
+    def admit(self, data: bytes, peer: str) -> tuple[str, str]:
+        """Decode, verify and admit one record from ``peer``; never raises. Every rejection counts
+        against ``peer``'s reputation (a record of a peer banned meanwhile is refused as ``banned``)."""
+        try:
+            if self.reputation.banned(peer):
+                self.reputation.refuse("rollout")
+                raise RecordError("banned")
+            g = decode_group(data, self.limits)
+            if g.sampler != peer or not g.group_id.startswith(peer + "/"):
+                raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
+            with self.lock:
+                self.ledger.check(g, self.version())
+            self.verifier.check(g)  # recomputes the rewards
+            if self.spot.wants(g.group_id):
+                self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
+            with self.lock:
+                self.ledger.admit(g, self.version())
+                self.lock.notify_all()
+            return "accepted", ""
+        except RecordError as e:
+            if e.reason == "duplicate":
+                return "duplicate", ""
+            self.reputation.reject(peer, e.reason)
+            with self.lock:
+                self.counts[f"rejected/{e.reason}"] += 1
+                n = self.counts[f"rejected/{e.reason}"]
+            # stale data is the staleness rule at work and future versions mean this learner is catching up;
+            # anything else is a warning, logged for the first few of each reason and then every 100th
+            # (a bad peer cannot flood the log)
+            level = logging.DEBUG if e.reason in ("stale", "future_version", "banned") else logging.WARNING
+            if n <= 5 or n % 100 == 0:
+                log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
+            return "rejected", e.reason
+        except Exception as e:  # a bug must not let one peer take the learner down
+            with self.lock:
+                self.counts["rejected/internal"] += 1
+            log.exception("internal error on a record from %s: %s", peer[-6:], e)
+            return "rejected", "internal"
+
+    def queue_bounds(self) -> tuple[int, int]:
+        """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
+        and the samplers that sent records in the last ``ACTIVE_SENDER_S`` (call under ``self.lock``)."""
+        share = math.ceil(self.groups_per_step / self.learners())
+        since = time.monotonic() - ACTIVE_SENDER_S
+        return queue_bounds(share, self.flow.queue_steps, self.flow.max_learner_queue,
+                            sum(t >= since for t in self.senders.values()))
+
+    def room(self, peer: str) -> int:
+        """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
+        waiting = self.buffer.pending + self.buffer.first
+        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds())
+
+    def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
+        """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
+        (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
+        now = time.monotonic()
+        with self.lock:
+            self.senders[peer] = now
+            for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
+                del self.senders[p]
+        out = []
+        for data in records:
+            with self.lock:
+                busy = self.room(peer) <= 0
+                if busy:
+                    self.counts["busy"] += 1
+            out.append(("busy", "queue_full") if busy else self.admit(data, peer))
+        return out
+
+    # ---- stream handlers (on the network loop) --------------------------------------------------------
+    async def on_rollout(self, peer: str, reader, writer) -> None:
+        try:
+            data = await read_frame(reader, self.limits.max_bytes)
+            with self.lock:
+                self.bytes_in += len(data)
+        except FrameError as e:
+            with self.lock:
+                self.counts["rejected/oversized"] += 1
+            self.reputation.reject(peer, "oversized")
+            log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
+            await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
+            return
+        try:
+            [(status, reason)] = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch,
+                                                                                  [data], peer)
+        except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
+            log.debug("stopping: left a record from %s unanswered", peer[-6:])
+            return
+        with self.lock:
+            queue = len(self.buffer)
+        await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
+
+    async def on_rollouts(self, peer: str, reader, writer) -> None:
+        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space.
+        A batch that does not parse counts against ``peer``'s reputation, as a bad record does."""
+        results, error = [], ""
+        try:
+            raw = await read_frame(reader, self.batch_limit)
+            with self.lock:
+                self.bytes_in += len(raw)
+            records = decode_batch(raw, self.flow.max_batch_groups)
+        except (FrameError, BatchError) as e:
+            error = e.reason if isinstance(e, BatchError) else "oversized"
+            self.reputation.reject(peer, f"batch_{error}")
+            with self.lock:
+                self.counts[f"rejected/batch_{error}"] += 1
+                n = self.counts[f"rejected/batch_{error}"]
+            if n <= 5 or n % 100 == 0:
+                log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
+        if not error:
+            try:
+                results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, records,
+                                                                           peer)
+            except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
+                log.debug("stopping: left a batch from %s unanswered", peer[-6:])
+                return
+        with self.lock:
+            queue, free = len(self.buffer), self.room(peer)
+        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, **self.policy_hint()}
+        await write_frame(writer, pack({**reply, "error": error} if error else reply))
+
+    async def on_acks(self, peer: str, reader, writer) -> None:
+        try:
+            ids = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"ids": list})["ids"]
+        except ValueError as e:
+            with self.lock:
+                self.counts["rejected/bad_ack_request"] += 1
+            self.reputation.reject(peer, "bad_ack_request")
+            log.warning("bad ack request from %s: %s", peer[-6:], e)
+            return
+        ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
+        with self.lock:
+            states = self.ledger.states_of(ids)
+            queue, free = len(self.buffer), self.room(peer)
+        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, **self.policy_hint()}))
+
+    def policy_hint(self) -> dict:
+        """``{"policy": record}``: the newest version this learner published, as in the DHT, for the samplers that
+        send to it (a far sampler then skips the DHT look-up of the newest version)."""
+        latest = self.latest()
+        return {"policy": latest.encode()} if latest is not None else {}

@@ -1,0 +1,73 @@
+"""What a learner reports: its counters as one snapshot, and the Prometheus families built from it.
+
+``Learner.report()`` takes the snapshot (under the learner's lock, on the scraping thread); the functions here
+only read it, so they are tested on a hand-built snapshot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from p2prl import prom
+
+
+@dataclass(frozen=True)
+class LearnerReport:
+    run_id: str
+    peer_id: str
+    version: int
+    acc: float | None  # held-out accuracy at the last evaluation
+    reward: float | None  # mean reward of the last step's groups
+    throughput: float  # groups trained per second (moving average)
+    queue_depth: int
+    other_learners: int
+    max_staleness: int
+    counts: dict[str, int]  # the ledger's: admission, rejections by reason, rounds, state loads
+    lags: dict[int, int]  # groups trained by policy-version lag
+    bytes_in: int  # rollout records received
+    weights_bytes_served: int
+    weights_uploads: int
+    dht_errors: int
+    trust: dict[str, int]  # bans, refused and limited streams, spot checks, records the run authority refused
+
+
+def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
+    """Bans and refused or limited streams (``Reputation.snapshot()``, ``PeerLimits.snapshot()``), for the metrics
+    log, the summary and Prometheus."""
+    m = {"trust/banned_peers": reputation["banned"], "trust/bans": reputation["bans"]}
+    m.update({f"trust/refused_banned/{k}": n for k, n in reputation["refused"].items()})
+    m.update({f"trust/{k}": n for k, n in limits.items()})
+    return m
+
+
+def families(r: LearnerReport) -> list:
+    """The learner's Prometheus families (``p2prl.prom``)."""
+    by = prom.split_counts(r.counts)
+    groups = {("trained", ""): sum(r.lags.values())}
+    groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if k[0] != "dropped_stale"})
+    groups[("dropped", "stale")] = r.counts.get("dropped_stale", 0)
+    groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
+    trust = dict(r.trust)
+    return [
+        prom.info("learner", r.run_id, r.peer_id),
+        prom.gauge("policy_version", "Policy version this peer holds", r.version),
+        prom.gauge("heldout_accuracy", "Held-out accuracy at the last evaluation", r.acc),
+        prom.gauge("reward_mean", "Mean reward of the groups of the last step", r.reward),
+        prom.gauge("throughput_groups_per_second", "Groups trained per second (moving average)", r.throughput),
+        prom.gauge("queue_depth", "Groups admitted and waiting to be trained", r.queue_depth),
+        prom.gauge("learners", "Other learners of the run this learner knows", r.other_learners),
+        prom.lag_histogram(r.lags, r.max_staleness),
+        prom.labelled("groups", "Groups by outcome (admitted, trained, dropped, rejected) and reason",
+                      ["outcome", "reason"], groups),
+        prom.labelled("rounds", "Gradient-round events by outcome and reason", ["outcome", "reason"],
+                      by.pop("round", {})),
+        prom.labelled("state_sync", "State loads from learners ahead, and their failures", ["outcome", "reason"],
+                      by.pop("sync", {})),
+        prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", r.weights_bytes_served),
+        prom.counter("weights_uploads", "Policy-weight uploads to peers", r.weights_uploads),
+        prom.counter("records_received_bytes", "Bytes of rollout records received", r.bytes_in),
+        prom.gauge("banned_peers", "Peers this learner bans now", trust.pop("trust/banned_peers")),
+        prom.labelled("trust_events", "Trust counters: bans, refused and limited streams, spot checks, "
+                      "rejected records of the run authority", ["event"], {(k,): v for k, v in trust.items()}),
+        prom.counter("dht_errors", "Failed DHT requests", r.dht_errors),
+    ]
