@@ -118,7 +118,7 @@ def problems(path: Path) -> list[str]:
 class Peer:
     """One peer's averagers for one vector size, and one timed round of each kind."""
 
-    def __init__(self, dht, index: int, n: int, wait_s: float, timeout_s: float):
+    def __init__(self, node, index: int, n: int, wait_s: float, timeout_s: float):
         import hivemind
         import torch
 
@@ -126,9 +126,11 @@ class Peer:
         from p2prl.swarm.averaging import GradientRounds
 
         self.index, self.n = index, n
-        self.rounds = GradientRounds(dht, f"bench/exact{n}", n, target_group_size=2, wait_s=wait_s, timeout_s=timeout_s)
+        self.rounds = GradientRounds(node, f"bench/exact{n}", n, target_group_size=2, wait_s=wait_s,
+                                     timeout_s=timeout_s)
         self.plain = hivemind.DecentralizedAverager(
-            [torch.zeros(n, dtype=torch.float32)], dht, prefix=f"bench/plain{n}", target_group_size=2, min_group_size=2,
+            [torch.zeros(n, dtype=torch.float32)], node.transport.dht, prefix=f"bench/plain{n}", target_group_size=2,
+            min_group_size=2,
             min_matchmaking_time=wait_s, request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s,
             next_chunk_timeout=max(1.0, timeout_s / 4), start=True,
         )
@@ -233,8 +235,15 @@ class Peer:
 
 
 # ---- the other peer (child process) -------------------------------------------------------------
+def start_node(peers: list[str]):
+    """A learner's node on 127.0.0.1 (its DHT, and the loop its gradient rounds' streams run on)."""
+    from p2prl.config import NetConfig
+    from p2prl.swarm.node import SwarmNode
+
+    return SwarmNode(NetConfig(run_id="bench", initial_peers=peers, loopback=True, bootstrap_timeout_s=60), "learner")
+
+
 def serve_peer(cmd_fd: int, reply_fd: int, maddr: str, log_path: str, wait_s: float, timeout_s: float) -> None:
-    from p2prl.swarm.dht import shutdown_dht, start_dht
 
     log_to(Path(log_path))
     signal.signal(signal.SIGTERM, lambda *_: os._exit(1))
@@ -244,14 +253,14 @@ def serve_peer(cmd_fd: int, reply_fd: int, maddr: str, log_path: str, wait_s: fl
         replies.write(json.dumps(kw) + "\n")
         replies.flush()
 
-    dht = start_dht([maddr], 60, host_maddrs=[], loopback=True)
-    reply(maddr=str(dht.get_visible_maddrs()[0]))
+    node = start_node([maddr])
+    reply(maddr=node.visible_maddrs()[0])
     peer = None
     try:
         for line in cmds:
             msg = json.loads(line)
             if msg["cmd"] == "setup":
-                peer = Peer(dht, 1, msg["n"], wait_s, timeout_s)
+                peer = Peer(node, 1, msg["n"], wait_s, timeout_s)
                 reply(ok=True)
             elif msg["cmd"] == "prepare":
                 peer.prepare(msg["kind"], msg["round"])
@@ -267,7 +276,7 @@ def serve_peer(cmd_fd: int, reply_fd: int, maddr: str, log_path: str, wait_s: fl
     finally:
         if peer is not None:
             peer.shutdown()
-        shutdown_dht(dht)
+        node.shutdown()
         reply(ok=True, bye=True)
 
 
@@ -290,17 +299,16 @@ def main() -> None:
         return serve_peer(int(cmd_fd), int(reply_fd), maddr, log_path, args.wait_s, args.timeout_s)
 
     from p2prl.swarm.averaging import buffer_size
-    from p2prl.swarm.dht import shutdown_dht, start_dht
 
     logging.basicConfig(level=logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
     log_to(tmp / "parent-hivemind.log")
-    proc = dht = peer = None
+    proc = node = peer = None
     results: dict[int, dict] = {}
     t_start, load_start = time.time(), os.getloadavg()[0]
     try:
-        dht = start_dht([], 60, host_maddrs=[], loopback=True)
-        maddr = str(dht.get_visible_maddrs()[0])
+        node = start_node([])
+        maddr = node.visible_maddrs()[0]
         cmd_r, cmd_w = os.pipe()
         rep_r, rep_w = os.pipe()
         child_log = (tmp / "child.log").open("wb")
@@ -327,7 +335,7 @@ def main() -> None:
 
         for n in args.sizes:
             send(cmd="setup", n=n)
-            peer = Peer(dht, 0, n, args.wait_s, args.timeout_s)
+            peer = Peer(node, 0, n, args.wait_s, args.timeout_s)
             receive()
             res = results[n] = {k: {"rounds": {}, "t": [], **{part: [] for part in PARTS}, "bytes": [], "other_bytes": [], "identical": [],
                                     "err_mean": 0.0, "fail": [], "silent": 0} for k in KINDS}
@@ -377,8 +385,8 @@ def main() -> None:
     finally:
         if peer is not None:
             peer.shutdown()
-        if dht is not None:
-            shutdown_dht(dht)
+        if node is not None:
+            node.shutdown()
         if proc is not None:
             for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
                 try:

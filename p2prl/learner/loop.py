@@ -340,7 +340,7 @@ class Learner:
         if self.rounds is None:
             r = self.cfg.rounds
             rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
-            self.rounds = GradientRounds(self.node.dht, key(self.cfg.net.run_id, "grads"), self.n_params,
+            self.rounds = GradientRounds(self.node, key(self.cfg.net.run_id, "grads"), self.n_params,
                                          target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s,
                                          rule=rule, authorized=self.node.trust.authorized)
             if rule is not None:

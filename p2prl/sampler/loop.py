@@ -51,7 +51,8 @@ from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import Refused, SwarmNode, backoff, wait_until
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, WeightStore, encode_batch, pack, unpack_map, weights_handler
+from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, AcksReply, BatchReply, WeightStore, encode_batch, pack,
+                                  weights_handler)
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task
@@ -314,13 +315,9 @@ class Sampler:
             self.in_flight.remove(b)
             what = f"sending {len(b.ids)} groups"
             try:
-                reply = unpack_map(b.reply.result(), {"results": list, "queue": int, "free": int})
-                if reply.get("error"):
-                    raise BatchRefused(f"batch refused: {reply['error']}")
-                results = [tuple(r) for r in reply["results"] if isinstance(r, list) and len(r) == 2
-                           and all(isinstance(x, str) for x in r)]
-                if len(results) != len(b.ids):
-                    raise ValueError(f"{len(reply['results'])} results for {len(b.ids)} groups")
+                reply = BatchReply.decode(b.reply.result(), len(b.ids))
+                if reply.error:
+                    raise BatchRefused(f"batch refused: {reply.error}")
             except (Refused, BatchRefused) as e:  # the learner took none of them
                 self.outbox.batch_refused(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
                 continue
@@ -328,8 +325,8 @@ class Sampler:
                 self.outbox.batch_unanswered(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
                 continue
             rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
-            self.outbox.batch_answered(b.learner, b.ids, results, reply["queue"], reply["free"], rtt, time.time())
-            self.note_policy(b.learner, reply.get("policy"))
+            self.outbox.batch_answered(b.learner, b.ids, reply.results, reply.queue, reply.free, rtt, time.time())
+            self.note_policy(b.learner, reply.policy)
         self.rtts = dict(self.outbox.rtt)
 
     def ask_acks(self, learner: str, ids: list[str]) -> dict:
@@ -340,13 +337,10 @@ class Sampler:
     def acks_reply(self, learner: str, raw: bytes) -> dict:
         """The states of an ``acks`` reply; its queue length, the room it has for our groups and its newest
         policy record are noted. Raises ValueError on a malformed reply."""
-        reply = unpack_map(raw, {"states": dict, "queue": int})
-        free = reply.get("free")
-        if not isinstance(free, int) or isinstance(free, bool):
-            free = None
-        self.outbox.heard(learner, reply["queue"], free)
-        self.note_policy(learner, reply.get("policy"))
-        return reply["states"]
+        reply = AcksReply.decode(raw)
+        self.outbox.heard(learner, reply.queue, reply.free)
+        self.note_policy(learner, reply.policy)
+        return reply.states
 
     def settle(self) -> None:
         """Ask each learner about the groups it holds for us (without waiting: ``collect`` handles the

@@ -2,6 +2,6 @@
 state sync and membership between learners, the run config check, bootstrap and status.
 
 Role loops (``p2prl.sampler.loop``, ``p2prl.learner.loop``) never touch hivemind directly; they use
-``SwarmNode`` (``node.py``), which owns the DHT, a replicated P2P client and an event
-loop thread.
+``SwarmNode`` (``node.py``), which runs a ``Transport`` (``transport.py``: hivemind's DHT and a
+replicated P2P client, or peers in memory for unit tests) on an event loop thread.
 """

@@ -27,8 +27,8 @@ Robust mode (``rounds.aggregation`` = ``trimmed_mean`` or ``centered_clip``): hi
 all-reduce only computes means, and each part of the vector is reduced by one member, so
 a mean cannot be made robust inside it. Instead the averager (over a one-value tensor)
 only forms the group and gathers the metadata, in which each member commits to the
-sha256 of its float32 gradient; each member serves its gradient over the
-``<prefix>/robust/blob`` stream protocol and fetches every other member's (at most
+sha256 of its float32 gradient; each member serves its gradient over its node's
+``grad-blob`` stream protocol and fetches every other member's (at most
 ``4 * n_params`` bytes, checked against the commitment, from the committing peer id, which
 libp2p authenticates). Every member then computes the same aggregate
 (``p2prl/algo/robust.py``) from the same gradients in the same order (members sorted by
@@ -40,7 +40,7 @@ another member may have got it and the members would then disagree on the aggreg
 
 from __future__ import annotations
 
-import asyncio
+import concurrent.futures
 import hashlib
 import logging
 import math
@@ -49,14 +49,17 @@ import secrets
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
 from p2prl.launch.procs import exit_with_parent
-from p2prl.swarm.node import FrameError, drain, read_frame, write_frame
+from p2prl.swarm.node import read_frame, write_frame
+
+if TYPE_CHECKING:
+    from p2prl.swarm.node import SwarmNode
 
 log = logging.getLogger("p2prl.averaging")
 
@@ -214,22 +217,17 @@ def _make_averager_class():
 
 
 class BlobExchange:
-    """Serves this learner's committed gradients (the last two rounds') and fetches other members' (robust mode)."""
+    """Serves this learner's committed gradients (the last two rounds') and fetches other members' (robust mode), over
+    the node's streams (its loop, its ban and limit gate)."""
 
     KEEP = 2
+    PROTOCOL = "grad-blob"
 
-    def __init__(self, dht, protocol: str, max_bytes: int, timeout_s: float):
-        self.protocol, self.max_bytes, self.timeout_s = protocol, max_bytes, timeout_s
+    def __init__(self, node: SwarmNode, max_bytes: int, timeout_s: float):
+        self.node, self.max_bytes, self.timeout_s = node, max_bytes, timeout_s
         self.blobs: OrderedDict[str, bytes] = OrderedDict()
         self.lock = threading.Lock()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="p2prl-grad-blobs", daemon=True)
-        self.thread.start()
-        self.p2p = self._run(dht.replicate_p2p(), 30)
-        self._run(self.p2p.add_binary_stream_handler(protocol, self._serve), 30)
-
-    def _run(self, coro, timeout: float):
-        return asyncio.run_coroutine_threadsafe(asyncio.wait_for(coro, timeout), self.loop).result(timeout + 1)
+        node.serve(self.PROTOCOL, self._serve, timeout_s, learners_only=True)  # authority runs: its learners only
 
     def put(self, digest: str, blob: bytes) -> None:
         with self.lock:
@@ -238,49 +236,25 @@ class BlobExchange:
             while len(self.blobs) > self.KEEP:
                 self.blobs.popitem(last=False)
 
-    async def _serve(self, info, reader, writer) -> None:
+    async def _serve(self, peer: str, reader, writer) -> None:
         """One request: the sha256 (hex) of a gradient; the answer: its bytes, or an empty frame."""
-        try:
-            want = (await asyncio.wait_for(read_frame(reader, 64), self.timeout_s)).decode("ascii", "replace")
-            with self.lock:
-                blob = self.blobs.get(want, b"")
-            await asyncio.wait_for(write_frame(writer, blob), self.timeout_s)
-            await asyncio.wait_for(drain(reader, 1024), 5)  # the requester closes once it has read
-        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError, FrameError) as e:
-            log.debug("gradient request from %s ended: %s", str(info.peer_id)[-6:], type(e).__name__)
-        finally:
-            writer.close()
-
-    async def _fetch_one(self, peer, digest: str) -> bytes | None:
-        try:
-            _, reader, writer = await self.p2p.call_binary_stream_handler(peer, self.protocol)
-            try:
-                await write_frame(writer, digest.encode())
-                return await read_frame(reader, self.max_bytes)
-            finally:
-                writer.close()
-        except Exception as e:  # any failure of a member's stream is that member's missing gradient
-            log.info("fetching the gradient of %s failed: %s", str(peer)[-6:], type(e).__name__)
-            return None
+        want = (await read_frame(reader, 64)).decode("ascii", "replace")
+        with self.lock:
+            blob = self.blobs.get(want, b"")
+        await write_frame(writer, blob)
 
     def fetch(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         """{peer id: its bytes, or None} for {peer id: sha256 hex}, fetched in parallel within the round's timeout."""
-        from hivemind.p2p import PeerID
-
-        async def fetch_all():
-            return await asyncio.gather(*(asyncio.wait_for(self._fetch_one(PeerID.from_base58(p), d), self.timeout_s)
-                                          for p, d in wanted.items()), return_exceptions=True)
-
-        got = self._run(fetch_all(), self.timeout_s + 5)
-        return {p: b if isinstance(b, bytes) else None for p, b in zip(wanted, got)}
-
-    def shutdown(self) -> None:
-        try:
-            self._run(self.p2p.shutdown(), 5)
-        except Exception as e:
-            log.debug("gradient exchange shutdown: %s", e)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
+        futures = {p: self.node.submit(p, self.PROTOCOL, d.encode(), self.max_bytes, self.timeout_s)
+                   for p, d in wanted.items()}
+        concurrent.futures.wait(futures.values(), self.timeout_s + 5)
+        got = {}
+        for p, f in futures.items():
+            e = f.exception(0) if f.done() else TimeoutError("no answer")
+            if e is not None:  # any failure of a member's stream is that member's missing gradient
+                log.info("fetching the gradient of %s failed: %s", p[-6:], type(e).__name__)
+            got[p] = f.result() if e is None else None
+        return got
 
 
 def _is_sha256(x) -> bool:
@@ -290,9 +264,14 @@ def _is_sha256(x) -> bool:
 class GradientRounds:
     """One learner's side of the gradient rounds between the learners of a run: exact mean, or ``rule`` (robust)."""
 
-    def __init__(self, dht, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
+    def __init__(self, node: SwarmNode, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
                  timeout_s: float, rule: Rule | None = None, authorized: Callable[[str], bool] = lambda peer: True):
-        """``authorized``: whether a peer may be a member (authority runs); a round with any other member fails."""
+        """``node``: the learner's node (its hivemind DHT forms the groups; robust mode fetches gradients over its
+        streams). ``authorized``: whether a peer may be a member (authority runs); a round with any other member
+        fails."""
+        dht = getattr(node.transport, "dht", None)
+        if dht is None:
+            raise TypeError("gradient rounds run over hivemind's all-reduce: the node needs the hivemind transport")
         self.n, self.max_group, self.rule, self.authorized = n_params, target_group_size, rule, authorized
         self.find_timeout_s = 2 * wait_s + 1  # looking for the other learners; the all-reduce has timeout_s
         chunk_timeout = max(1.0, timeout_s / 4)
@@ -305,7 +284,7 @@ class GradientRounds:
             request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s, next_chunk_timeout=chunk_timeout,
             start=True,
         )
-        self.exchange = BlobExchange(dht, f"{prefix}/robust/blob", 4 * n_params, timeout_s) if rule else None
+        self.exchange = BlobExchange(node, 4 * n_params, timeout_s) if rule else None
         self.saturated = 0
 
     def average(self, grad: torch.Tensor, weight: int, version: int, sha256: str, groups: list[list],
@@ -413,8 +392,6 @@ class GradientRounds:
         return Round(aggregate(grads, self.rule), len(members), total, tags, bad)
 
     def shutdown(self) -> None:
-        if self.exchange is not None:
-            self.exchange.shutdown()
         try:
             self.averager.shutdown()
         except Exception as e:

@@ -1,8 +1,10 @@
-"""``SwarmNode``: one peer's DHT client and libp2p streams, behind a small blocking API.
+"""``SwarmNode``: one peer's DHT records and libp2p streams, behind a small blocking API.
 
-hivemind's DHT runs in its own process; this class replicates its P2P client into an
-asyncio loop on a background thread, so role loops stay plain blocking code. Every
-network call has a timeout. Messages on a stream are frames: an 8-byte big-endian
+The network itself is a ``Transport`` (``transport.py``: hivemind's DHT, which runs in its own
+process, and a replica of its P2P client; or peers in memory, for unit tests); this class runs
+it on an asyncio loop in a background thread, so role loops stay plain blocking code. It keeps
+the typed records (``dht.py``) and their checks, the ban and limit gate on served streams and
+every timeout: every network call has one. Messages on a stream are frames: an 8-byte big-endian
 length, then the payload written in 64 KiB chunks; a frame longer than the reader's
 bound is refused before it is read.
 """
@@ -21,10 +23,11 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import (RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, shutdown_dht,
-                             start_dht, wait_for_peers_file)
+from p2prl.swarm.dht import (RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, start_dht,
+                             wait_for_peers_file)
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.reputation import Reputation
+from p2prl.swarm.transport import HivemindTransport, Transport
 
 log = logging.getLogger("p2prl.node")
 
@@ -116,33 +119,37 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
 
 class SwarmNode:
     def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
-                 reputation: Reputation | None = None, limits: PeerLimits | None = None):
+                 reputation: Reputation | None = None, limits: PeerLimits | None = None,
+                 transport: Transport | None = None):
         """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive). The gate on
         every stream this node serves: ``reputation`` (banned peers' streams are refused) and ``limits`` (per-peer
-        rate and concurrency limits, slow readers cut)."""
+        rate and concurrency limits, slow readers cut). ``transport``: the network (default: a hivemind DHT
+        started from ``cfg``)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
         self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
-        peers = list(cfg.initial_peers)
-        if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
-            peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
-        self.dht = start_dht(
-            peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
-            announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
-            client_mode=cfg.client_mode, closed_network=cfg.closed_network,
-            rpc_timeout_s=cfg.dht_rpc_timeout_s,
-        )
-        self.peer_id = self.dht.peer_id.to_base58()
+        if transport is None:
+            peers = list(cfg.initial_peers)
+            if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
+                peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
+            transport = HivemindTransport(start_dht(
+                peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
+                announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
+                client_mode=cfg.client_mode, closed_network=cfg.closed_network,
+                rpc_timeout_s=cfg.dht_rpc_timeout_s,
+            ))
+        self.transport = transport
+        self.peer_id = transport.peer_id
         self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
         self.limits, self.reputation = limits, reputation
-        self._dht_lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
         self.dht_errors = 0
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
-        self._p2p = self.run(self.dht.replicate_p2p(), timeout=30, cancellable=False)
+        if isinstance(transport, HivemindTransport):
+            self.run(transport.start(), timeout=30, cancellable=False)
 
     @property
     def short_id(self) -> str:
@@ -171,13 +178,10 @@ class SwarmNode:
     # ---- DHT ----------------------------------------------------------------------------
     def _send_store(self, dht_key: str, subkey: str, value: bytes, ttl: float):
         """Send a store with expiration; its future (``_settle``), or None when it could not be sent (counted)."""
-        from hivemind.utils import get_dht_time
-
-        if not self.dht.is_alive():
+        if not self.transport.alive():
             return None
         try:
-            with self._dht_lock:  # the request only: other threads' requests go out while this one is answered
-                return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+            return self.transport.store(dht_key, subkey, value, ttl)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
@@ -200,19 +204,15 @@ class SwarmNode:
 
     def _get_dict(self, dht_key: str) -> dict[str, bytes]:
         """The subkey -> value map under ``dht_key``; empty when missing or on failure (logged)."""
-        if not self.dht.is_alive():
+        if not self.transport.alive():
             return {}
         try:
-            with self._dht_lock:
-                fut = self.dht.get(dht_key, latest=True, return_future=True)
-            found = self._wait(fut, self.cfg.rpc_timeout_s)
+            found = self._wait(self.transport.get(dht_key), self.cfg.rpc_timeout_s)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
             return {}
-        if found is None or not isinstance(found.value, dict):
-            return {}
-        return {str(k): v.value for k, v in found.value.items()}
+        return found or {}
 
     @property
     def ttl(self) -> float:
@@ -316,8 +316,7 @@ class SwarmNode:
         request counts against its peer's reputation.
         """
 
-        async def on_stream(info, reader, writer):
-            peer = info.peer_id.to_base58()
+        async def on_stream(peer, reader, writer):
             if learners_only and not self.trust.authorized(peer):
                 self.trust.reject(f"{name}_request", peer)
                 writer.close()
@@ -354,7 +353,7 @@ class SwarmNode:
                 if self.limits is not None:
                     self.limits.leave(peer, name)
 
-        self.run(self._p2p.add_binary_stream_handler(self._proto(name), on_stream), timeout=30)
+        self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
 
     @staticmethod
     async def _refuse(reader, writer, reason: str) -> None:
@@ -369,10 +368,7 @@ class SwarmNode:
 
     async def open_stream(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A new stream of protocol ``name`` to ``peer_id`` (a coroutine for the node's loop)."""
-        from hivemind.p2p import PeerID
-
-        _, reader, writer = await self._p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), self._proto(name))
-        return reader, writer
+        return await self.transport.open_stream(peer_id, self._proto(name))
 
     async def _exchange(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
         reader, writer = await self.open_stream(peer_id, name)
@@ -402,8 +398,7 @@ class SwarmNode:
         return self.cfg.rpc_timeout_s + nbytes / 1e6
 
     def visible_maddrs(self) -> list[str]:
-        with self._dht_lock:  # a local request, answered at once
-            return [str(m) for m in self.dht.get_visible_maddrs()]
+        return self.transport.visible_maddrs()
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
@@ -416,7 +411,7 @@ class SwarmNode:
         async def close():
             # streams cut by the daemon going away are expected now: keep them out of the user's terminal
             asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: log.debug("at shutdown: %s", ctx))
-            await self._p2p.shutdown()
+            await self.transport.close_streams()
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
             for t in tasks:
                 t.cancel()
@@ -428,7 +423,7 @@ class SwarmNode:
             log.debug("network shutdown: %s", e)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=5)
-        shutdown_dht(self.dht)
+        self.transport.shutdown()
 
 
 def backoff(attempt: int, base: float = 0.5, cap: float = 10.0) -> float:

@@ -25,7 +25,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import msgpack
 
@@ -118,6 +119,49 @@ def unpack_map(raw: bytes, required: dict[str, type], max_items: int = MAX_ACK_I
         if not isinstance(d.get(k), t) or isinstance(d.get(k), bool):
             raise ValueError(f"field {k!r} missing or not {t.__name__}")
     return d
+
+
+@dataclass(frozen=True)
+class BatchReply:
+    """A learner's ``rollouts`` reply, checked: one (status, reason) per record sent, or an ``error`` and none."""
+
+    results: list[tuple[str, str]]
+    queue: int
+    free: int
+    policy: Any  # the learner's newest policy record, undecoded (``PolicyRecord.decode`` checks it)
+    error: str = ""
+
+    @classmethod
+    def decode(cls, raw: bytes, n: int) -> BatchReply:
+        """The reply to a batch of ``n`` records; ValueError if it does not parse, or holds another number of
+        results without an error."""
+        reply = unpack_map(raw, {"results": list, "queue": int, "free": int})
+        results = [(r[0], r[1]) for r in reply["results"]
+                   if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r)]
+        error = reply.get("error") or ""
+        if not error and len(results) != n:
+            raise ValueError(f"{len(reply['results'])} results for {n} groups")
+        return cls(results, reply["queue"], reply["free"], reply.get("policy"), str(error)[:200])
+
+
+@dataclass(frozen=True)
+class AcksReply:
+    """A learner's ``acks`` reply, checked: its states of the ids asked, its queue, its room for the asker (None
+    when it did not say) and its newest policy record."""
+
+    states: dict[str, str]
+    queue: int
+    free: int | None
+    policy: Any
+
+    @classmethod
+    def decode(cls, raw: bytes) -> AcksReply:
+        """ValueError if it does not parse."""
+        reply = unpack_map(raw, {"states": dict, "queue": int})
+        free = reply.get("free")
+        states = {k: v for k, v in reply["states"].items() if isinstance(k, str) and isinstance(v, str)}
+        return cls(states, reply["queue"], free if isinstance(free, int) and not isinstance(free, bool) else None,
+                   reply.get("policy"))
 
 
 class WeightStore:

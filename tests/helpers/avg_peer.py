@@ -27,7 +27,8 @@ import torch
 
 from p2prl.algo.robust import Rule
 from p2prl.swarm.averaging import GradientRounds, RoundFailed, encode, group_bits
-from p2prl.swarm.dht import start_dht
+from p2prl.config import NetConfig
+from p2prl.swarm.node import SwarmNode
 
 
 def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) -> None:
@@ -53,11 +54,11 @@ def attacked(grad: torch.Tensor, attack: str) -> torch.Tensor:
     return bad
 
 
-def scenarios(out: Path, name: str, dht, n: int, grad: torch.Tensor, weight: int, spec: str, rogue: bool) -> None:
+def scenarios(out: Path, name: str, node: SwarmNode, n: int, grad: torch.Tensor, weight: int, spec: str, rogue: bool) -> None:
     group, wait_s = int(os.environ.get("GROUP", "3")), float(os.environ.get("WAIT_S", "3"))
     runs = [s.split(":") for s in spec.split(",")]
     clip_norm = float(os.environ.get("CLIP_NORM", "1"))
-    rounds = {kind: GradientRounds(dht, "p2prl/test/grads", n, target_group_size=group, wait_s=wait_s, timeout_s=20,
+    rounds = {kind: GradientRounds(node, "p2prl/test/grads", n, target_group_size=group, wait_s=wait_s, timeout_s=20,
                                    rule=None if kind == "mean" else Rule("trimmed_mean", clip_norm))
               for kind in {"mean" if agg == "mean" else "robust" for agg, _ in runs}}
     (out / f"{name}.ready").write_text("1")
@@ -86,16 +87,16 @@ def scenarios(out: Path, name: str, dht, n: int, grad: torch.Tensor, weight: int
 def main() -> None:
     out, name, seed, weight, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     peers = [a for a in sys.argv[6:7] if not a.startswith("--")]
-    dht = start_dht(peers, 30, host_maddrs=[], loopback=True)
-    (out / f"{name}.maddr").write_text(str(dht.get_visible_maddrs()[0]))
+    node = SwarmNode(NetConfig(run_id="test", initial_peers=peers, loopback=True, rpc_timeout_s=20), "learner")
+    (out / f"{name}.maddr").write_text(node.visible_maddrs()[0])
     spec = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--scenarios=")), None)
     if spec:
         grad = torch.randn(n, generator=torch.Generator().manual_seed(seed))
-        scenarios(out, name, dht, n, grad, weight, spec, "--rogue" in sys.argv)
-        dht.shutdown()
+        scenarios(out, name, node, n, grad, weight, spec, "--rogue" in sys.argv)
+        node.shutdown()
         return
     group = int(os.environ.get("GROUP", "2"))
-    rounds = GradientRounds(dht, "p2prl/test/grads", n, target_group_size=group,
+    rounds = GradientRounds(node, "p2prl/test/grads", n, target_group_size=group,
                             wait_s=float(os.environ.get("WAIT_S", "3")), timeout_s=20)
     (out / f"{name}.ready").write_text("1")
     while not (out / "go").exists():
@@ -111,7 +112,7 @@ def main() -> None:
     except RoundFailed as e:
         (out / f"{name}.err").write_text(e.reason)
     rounds.shutdown()
-    dht.shutdown()
+    node.shutdown()
 
 
 if __name__ == "__main__":

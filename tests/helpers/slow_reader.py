@@ -49,7 +49,7 @@ elif mode == "read":
 
         from p2prl.swarm.node import write_frame
 
-        _, reader, writer = await node._p2p.call_binary_stream_handler(PeerID.from_base58(server["peer_id"]),
+        _, reader, writer = await node.transport.p2p.call_binary_stream_handler(PeerID.from_base58(server["peer_id"]),
                                                                         node._proto("weights"))
         await write_frame(writer, pack({"version": 1, "sha256": server["sha256"]}))
         got, t0, ended = 0, time.monotonic(), "complete"

@@ -1,0 +1,217 @@
+"""What ``SwarmNode`` needs from a network, as one small interface, and its two implementations.
+
+A ``Transport`` has two halves: records (a DHT: subkey -> value maps under a key, each value with an
+expiration) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
+(``node.py``) builds everything else on them: the typed records and their checks, frames, the ban
+and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's DHT and a replica of its
+libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory, so that unit
+tests can drive real learners and samplers without a daemon (the network tests use real peers).
+
+Streams: ``add_handler`` and ``open_stream`` are coroutines for the node's event loop; a handler gets
+the caller's peer id and an ``asyncio`` reader and writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import secrets
+import threading
+import time
+from typing import Awaitable, Callable, Protocol
+
+StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
+
+
+class Transport(Protocol):
+    peer_id: str
+
+    # records
+    def alive(self) -> bool: ...
+
+    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+        """Send a store of ``value`` under ``dht_key``/``subkey`` that expires ``ttl`` s from now; a future of
+        whether it was stored."""
+
+    def get(self, dht_key: str) -> concurrent.futures.Future:
+        """A future (``result(timeout)``, ``cancel()``) of the subkey -> value map under ``dht_key`` (None or empty
+        when there is none)."""
+
+    # streams
+    async def add_handler(self, protocol: str, handler: StreamHandler) -> None: ...
+
+    async def open_stream(self, peer_id: str, protocol: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    async def close_streams(self) -> None: ...
+
+    def visible_maddrs(self) -> list[str]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class HivemindTransport:
+    """hivemind's DHT (its own process) for records; a replica of its libp2p client, made on the node's loop, for
+    streams."""
+
+    def __init__(self, dht):
+        self.dht = dht
+        self.peer_id = dht.peer_id.to_base58()
+        self.lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
+        self.p2p = None
+
+    async def start(self) -> None:
+        self.p2p = await self.dht.replicate_p2p()
+
+    def alive(self) -> bool:
+        return self.dht.is_alive()
+
+    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+        from hivemind.utils import get_dht_time
+
+        with self.lock:  # the request only: other threads' requests go out while this one is answered
+            return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+
+    def get(self, dht_key: str) -> _Unpacked:
+        with self.lock:
+            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True))
+
+    async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
+        async def on_stream(info, reader, writer):
+            await handler(info.peer_id.to_base58(), reader, writer)
+
+        await self.p2p.add_binary_stream_handler(protocol, on_stream)
+
+    async def open_stream(self, peer_id: str, protocol: str):
+        from hivemind.p2p import PeerID
+
+        _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_id), protocol)
+        return reader, writer
+
+    async def close_streams(self) -> None:
+        await self.p2p.shutdown()
+
+    def visible_maddrs(self) -> list[str]:
+        with self.lock:  # a local request, answered at once
+            return [str(m) for m in self.dht.get_visible_maddrs()]
+
+    def shutdown(self) -> None:
+        from p2prl.swarm.dht import shutdown_dht
+
+        shutdown_dht(self.dht)
+
+
+class _Unpacked:
+    """A hivemind DHT get's future whose result is the plain subkey -> value map (hivemind's futures run no
+    done-callbacks of ours, so the map is made as the result is read)."""
+
+    def __init__(self, fut):
+        self.fut = fut
+
+    def result(self, timeout: float | None = None) -> dict[str, bytes] | None:
+        found = self.fut.result(timeout=timeout)
+        if found is None or not isinstance(found.value, dict):
+            return None
+        return {str(k): v.value for k, v in found.value.items()}
+
+    def cancel(self) -> bool:
+        return self.fut.cancel()
+
+
+# ---- in memory ------------------------------------------------------------------------------------
+class _PipeWriter:
+    """The writing end of an in-memory stream: bytes go to the reader on the other peer's loop."""
+
+    def __init__(self, reader: asyncio.StreamReader, loop: asyncio.AbstractEventLoop):
+        self.reader, self.loop, self.closed = reader, loop, False
+
+    def write(self, data) -> None:
+        if not self.closed:
+            self.loop.call_soon_threadsafe(self.reader.feed_data, bytes(data))
+
+    async def drain(self) -> None:
+        if self.closed:
+            raise ConnectionResetError("stream closed")
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.loop.call_soon_threadsafe(self.reader.feed_eof)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    async def wait_closed(self) -> None:
+        pass
+
+
+class MemorySwarm:
+    """Peers of one process: a shared record store and the peers' stream handlers (unit tests)."""
+
+    def __init__(self, clock: Callable[[], float] = time.time):
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.records: dict[str, dict[str, tuple[bytes, float]]] = {}  # key -> subkey -> (value, expires)
+        self.handlers: dict[tuple[str, str], tuple[StreamHandler, asyncio.AbstractEventLoop]] = {}
+
+    def transport(self) -> MemoryTransport:
+        """A new peer of this swarm."""
+        return MemoryTransport(self, "Mem" + secrets.token_hex(8))
+
+
+class MemoryTransport:
+    def __init__(self, swarm: MemorySwarm, peer_id: str):
+        self.swarm, self.peer_id, self.up = swarm, peer_id, True
+
+    def alive(self) -> bool:
+        return self.up
+
+    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+        with self.swarm.lock:
+            self.swarm.records.setdefault(dht_key, {})[subkey] = (bytes(value), self.swarm.clock() + ttl)
+        return _done(True)
+
+    def get(self, dht_key: str) -> concurrent.futures.Future:
+        now = self.swarm.clock()
+        with self.swarm.lock:
+            found = {sub: v for sub, (v, until) in self.swarm.records.get(dht_key, {}).items() if until > now}
+        return _done(found)
+
+    async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
+        with self.swarm.lock:
+            self.swarm.handlers[(self.peer_id, protocol)] = (handler, asyncio.get_running_loop())
+
+    async def open_stream(self, peer_id: str, protocol: str):
+        with self.swarm.lock:
+            served = self.swarm.handlers.get((peer_id, protocol))
+        if served is None:
+            raise ConnectionRefusedError(f"{peer_id[-6:]} does not serve {protocol}")
+        handler, their_loop = served
+        ours = asyncio.get_running_loop()
+        mine = asyncio.StreamReader()
+
+        async def serve():  # on the serving peer's loop, with a reader made there
+            theirs = asyncio.StreamReader()
+            started.set_result(theirs)
+            await handler(self.peer_id, theirs, _PipeWriter(mine, ours))
+
+        started: concurrent.futures.Future = concurrent.futures.Future()
+        asyncio.run_coroutine_threadsafe(serve(), their_loop)
+        theirs = await asyncio.wrap_future(started)
+        return mine, _PipeWriter(theirs, their_loop)
+
+    async def close_streams(self) -> None:
+        with self.swarm.lock:
+            for k in [k for k in self.swarm.handlers if k[0] == self.peer_id]:
+                del self.swarm.handlers[k]
+
+    def visible_maddrs(self) -> list[str]:
+        return [f"/memory/p2p/{self.peer_id}"]
+
+    def shutdown(self) -> None:
+        self.up = False
+
+
+def _done(value) -> concurrent.futures.Future:
+    f = concurrent.futures.Future()
+    f.set_result(value)
+    return f

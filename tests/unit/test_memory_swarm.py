@@ -1,0 +1,79 @@
+"""The real Learner and Sampler classes in one process, on the in-memory transport (swarm/transport.py): the role
+code, the node's records, frames and gate, without a daemon (tests/network runs the same roles as real peers)."""
+
+import threading
+import time
+
+import pytest
+
+from p2prl.config import load_config
+from p2prl.learner.loop import Learner
+from p2prl.sampler.loop import Sampler
+from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.node import Refused, SwarmNode
+from p2prl.swarm.reputation import Reputation
+from p2prl.swarm.transport import MemorySwarm
+
+FAST = ["net.run_id=mem", "net.heartbeat_s=0.5", "net.poll_s=0.1", "net.rpc_timeout_s=10", "sampling.group_size=4",
+        "train.groups_per_step=4", "task.heldout_size=16", "train.eval_every=1000", "train.threads=1"]
+
+
+def test_memory_nodes_share_records_and_streams_through_the_gate():
+    swarm = MemorySwarm()
+    cfg = load_config(None, FAST).net
+    a = SwarmNode(cfg, "learner", transport=swarm.transport(), reputation=Reputation(load_config(None, []).trust))
+    b = SwarmNode(cfg, "sampler", transport=swarm.transport())
+    try:
+        rec = PolicyRecord(version=3, sha256="ab" * 32, size=10)
+        a.publish_policy(rec)
+        assert b.latest_policy() == (a.peer_id, rec) and b.holders(rec) == [a.peer_id]
+
+        async def echo(peer, reader, writer):
+            from p2prl.swarm.node import read_frame, write_frame
+
+            await write_frame(writer, peer.encode() + b":" + await read_frame(reader, 100))
+
+        a.serve("echo", echo)
+        assert b.request(a.peer_id, "echo", b"hi", 200) == b.peer_id.encode() + b":hi"
+        assert b.submit(a.peer_id, "echo", b"later", 200).result(5) == b.peer_id.encode() + b":later"
+        for _ in range(30):  # malformed requests from b, until it is banned
+            a.reputation.reject(b.peer_id, "malformed")
+        with pytest.raises(Refused, match="banned"):
+            b.request(a.peer_id, "echo", b"hi", 200)
+    finally:
+        a.shutdown()
+        b.shutdown()
+
+
+def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowledged(tmp_path):
+    swarm = MemorySwarm()
+    cfg = load_config(None, [*FAST, f"train.out_dir={tmp_path}", "train.steps=1000"])
+    stop, sampler_stop = threading.Event(), threading.Event()
+    learner_node = SwarmNode(cfg.net, "learner", stop, transport=swarm.transport(),
+                             reputation=Reputation(cfg.trust), limits=PeerLimits(cfg.trust))
+    sampler_node = SwarmNode(cfg.net, "sampler", sampler_stop, transport=swarm.transport())
+    learner = Learner(cfg, learner_node)
+    sampler = Sampler(cfg, sampler_node)
+    summary = {}
+    threads = [threading.Thread(target=sampler.run, args=(sampler_stop,), daemon=True),
+               threading.Thread(target=lambda: summary.update(learner.run(stop, progress=False)), daemon=True)]
+    for t in threads:
+        t.start()
+    try:
+        # versions stepped alone are acknowledged once the learner has been up for two record lifetimes (3 s here)
+        deadline = time.monotonic() + 60
+        while sampler.view.counts.get("acked/trained", 0) < 8 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sampler.view.counts.get("acked/trained", 0) >= 8, sampler.view.counts
+    finally:
+        stop.set()
+        sampler_stop.set()
+        for t in threads:
+            t.join(30)
+        learner.close()
+        learner_node.shutdown()
+        sampler_node.shutdown()
+    assert not any(t.is_alive() for t in threads)
+    assert summary["version"] >= 2 and summary["groups"]["trained"] >= sampler.view.counts["acked/trained"]
+    assert sampler.core.version >= 1  # it loaded versions the learner published
