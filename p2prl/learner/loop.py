@@ -45,9 +45,10 @@ from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
-from p2prl.learner.report import LearnerReport, families, trust_counts
+from p2prl.learner import report
+from p2prl.learner.report import LearnerReport
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
-from p2prl.metrics import JsonlSink, finish_run, group_totals, lag_by_sampler, progress_bar, read_jsonl
+from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
@@ -349,45 +350,35 @@ class Learner:
 
     def log_metrics(self, v: int, r: Round, batch: list[RolloutGroup]) -> None:
         m = r.metrics
-        with self.lock:
-            m.update({f"admission/{k}": c for k, c in self.counts.items()})
-            m["admission/queue_depth"] = len(self.buffer)
-        m.update(self.membership.metrics())
-        m.update(self.spot.metrics())
+        m.update(report.step_metrics(self.counters()))
         m["round/learners"] = r.learners
         m["round/samples"] = r.weight
-        m["round/saturated"] = self.rounds.saturated if self.rounds else 0
-        m["net/weights_bytes_served"] = self.store.bytes_served
-        m["net/weights_uploads"] = self.store.uploads
-        m["net/weights_bad_requests"] = self.store.bad_requests
-        m["net/dht_errors"] = self.node.dht_errors
-        m.update(self.trust_metrics())
         self.sink.log(v, m)
         self.bar.update(v - self.bar.n)
         if batch:
             self.bar.set_postfix_str(f"{progress_line(m, self.acc)} queue {m['admission/queue_depth']} "
                                      f"learners {r.learners}")
 
-    def trust_metrics(self) -> dict[str, int]:
-        """Bans and refused or limited streams, for the metrics log and the summary."""
-        return trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot())
-
-    def report(self) -> LearnerReport:
-        """This learner's counters now, as one snapshot (read at scrape time, from the scraping thread)."""
+    def counters(self) -> LearnerReport:
+        """This learner's counters now, as one snapshot (``report.py`` makes the metrics, Prometheus and summary)."""
         with self.lock:
             counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.intake.bytes_in
-        trust = {**{f"trust/{k}": n for k, n in self.node.trust.counts.items()}, **self.trust_metrics(),
-                 **self.spot.metrics()}
+        with self.membership.lock:
+            membership = dict(self.membership.counts)
         return LearnerReport(
             run_id=self.cfg.net.run_id, peer_id=self.node.peer_id, version=self.core.version, acc=self.acc,
             reward=self.reward, throughput=self.throughput, queue_depth=depth,
             other_learners=len(self.membership.others), max_staleness=self.cfg.staleness.max_staleness,
             counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
-            weights_uploads=self.store.uploads, dht_errors=self.node.dht_errors, trust=trust)
+            weights_uploads=self.store.uploads, weights_bad_requests=self.store.bad_requests,
+            dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated if self.rounds else 0,
+            membership=membership, spot=self.spot.metrics(),
+            bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
+            authority=dict(self.node.trust.counts))
 
     def prometheus(self) -> list:
         """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
-        return families(self.report())
+        return report.families(self.counters())
 
     def finish(self) -> dict:
         """The run's summary (written next to its metrics)."""
@@ -397,17 +388,10 @@ class Learner:
             log.warning("%d groups of a lost history (their samplers were told they were trained) are not retrained "
                         "yet: they stay in %s and are retrained first when this learner starts again", backlog,
                         self.out / "own_groups")
-        lines = read_jsonl(self.out / "train_log.jsonl")
-        lags = lag_by_sampler(lines)
-        trained = sum(len(l["groups"]) for l in lines if "loaded_from" not in l)
-        summary = {"version": self.core.version, "steps": self.cfg.train.steps, "complete_before": self.complete_before,
-                   "base_acc": self.base_acc, "final_acc": self.acc, "best_acc": self.best,
-                   "wall_s": time.time() - self.started, "groups": group_totals(self.counts, trained),
-                   "retrain_backlog": backlog,
-                   "admission": dict(self.counts), "membership": dict(self.membership.counts),
-                   "trust": {**self.node.trust.counts, **self.trust_metrics()}, "spot_checks": self.spot.summary(),
-                   "weights_bytes_served": self.store.bytes_served,
-                   "lag_by_sampler": {s[-6:]: h for s, h in lags.items()}}
+        summary = report.summary(self.counters(), read_jsonl(self.out / "train_log.jsonl"), {
+            "steps": self.cfg.train.steps, "complete_before": self.complete_before, "base_acc": self.base_acc,
+            "final_acc": self.acc, "best_acc": self.best, "wall_s": time.time() - self.started,
+            "retrain_backlog": backlog, "spot_checks": self.spot.summary()})
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl",
                                               "checkpoint": self.out / "checkpoint",
                                               "training_log": self.out / "train_log.jsonl"})

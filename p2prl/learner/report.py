@@ -1,7 +1,8 @@
-"""What a learner reports: its counters as one snapshot, and the Prometheus families built from it.
+"""What a learner reports: its counters as one snapshot, and what is made of it: the counters of a step's metrics
+line, the Prometheus families, the run's summary.
 
-``Learner.report()`` takes the snapshot (under the learner's lock, on the scraping thread); the functions here
-only read it, so they are tested on a hand-built snapshot.
+``Learner.report()`` takes the snapshot (under the learner's lock, from whichever thread asks: the training loop,
+the metrics scrape); the functions here only read it, so they are tested on a hand-built snapshot.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from p2prl import prom
+from p2prl.metrics import group_totals, lag_by_sampler
 
 
 @dataclass(frozen=True)
@@ -27,8 +29,13 @@ class LearnerReport:
     bytes_in: int  # rollout records received
     weights_bytes_served: int
     weights_uploads: int
+    weights_bad_requests: int
     dht_errors: int
-    trust: dict[str, int]  # bans, refused and limited streams, spot checks, records the run authority refused
+    rounds_saturated: int  # gradient values clamped to the fixed-point range so far
+    membership: dict[str, int]  # hello exchanges and their failures
+    spot: dict[str, float]  # log-prob spot checks
+    bans_and_limits: dict[str, int]  # ``trust_counts``
+    authority: dict[str, int]  # records the run authority's checks refused, by kind
 
 
 def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
@@ -40,6 +47,31 @@ def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
     return m
 
 
+def step_metrics(r: LearnerReport) -> dict[str, float]:
+    """The counters a step's line in ``metrics.jsonl`` carries besides the step's own metrics."""
+    m: dict[str, float] = {f"admission/{k}": c for k, c in r.counts.items()}
+    m["admission/queue_depth"] = r.queue_depth
+    m.update({f"membership/{k}": c for k, c in r.membership.items()})
+    m.update(r.spot)
+    m["round/saturated"] = r.rounds_saturated
+    m["net/weights_bytes_served"] = r.weights_bytes_served
+    m["net/weights_uploads"] = r.weights_uploads
+    m["net/weights_bad_requests"] = r.weights_bad_requests
+    m["net/dht_errors"] = r.dht_errors
+    m.update(r.bans_and_limits)
+    return m
+
+
+def summary(r: LearnerReport, train_log: list[dict], run: dict) -> dict:
+    """The run's summary: ``run`` (steps, accuracies, wall time, spot checks: what the learner knows of its run)
+    with the counters, and what its training log (``train_log.jsonl``'s lines) says of groups and lags."""
+    trained = sum(len(line["groups"]) for line in train_log if "loaded_from" not in line)
+    return {"version": r.version, **run, "groups": group_totals(r.counts, trained), "admission": dict(r.counts),
+            "membership": dict(r.membership), "trust": {**r.authority, **r.bans_and_limits},
+            "weights_bytes_served": r.weights_bytes_served,
+            "lag_by_sampler": {s[-6:]: h for s, h in lag_by_sampler(train_log).items()}}
+
+
 def families(r: LearnerReport) -> list:
     """The learner's Prometheus families (``p2prl.prom``)."""
     by = prom.split_counts(r.counts)
@@ -47,7 +79,7 @@ def families(r: LearnerReport) -> list:
     groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if k[0] != "dropped_stale"})
     groups[("dropped", "stale")] = r.counts.get("dropped_stale", 0)
     groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
-    trust = dict(r.trust)
+    trust = {**{f"trust/{k}": n for k, n in r.authority.items()}, **r.bans_and_limits, **r.spot}
     return [
         prom.info("learner", r.run_id, r.peer_id),
         prom.gauge("policy_version", "Policy version this peer holds", r.version),

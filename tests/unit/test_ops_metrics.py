@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from p2prl import PROTOCOL_VERSION, prom
 from p2prl.config import load_config
-from p2prl.learner.report import LearnerReport, families
+from p2prl.learner.report import LearnerReport, families, step_metrics, summary
 from p2prl.sampler.loop import Sampler, View
 from p2prl.swarm import status
 from p2prl.swarm.dht import PeerRecord, RunAnnouncement, new_record
@@ -31,12 +31,13 @@ def scrape(collect) -> dict[str, dict]:
 def learner_report(**change) -> LearnerReport:
     counts = {"admitted": 9, "dropped_stale": 2, "rejected/stale": 3, "rejected/logprob_mismatch": 1, "round/no_round": 4,
               "round/bad_member/non_finite": 1, "sync/loaded": 1}
-    trust = {"trust/untrusted/policy_record": 1, "trust/banned_peers": 1, "trust/bans": 2,
-             "trust/refused_banned/rollout": 4, "spot/passed": 5, "spot/failed": 1}
     return LearnerReport(**{**dict(
         run_id="test", peer_id="12D3KooWlearner", version=7, acc=0.5, reward=0.25, throughput=1.5, queue_depth=3,
         other_learners=1, max_staleness=CFG.staleness.max_staleness, counts=counts, lags={0: 4, 1: 2, 3: 1},
-        bytes_in=5000, weights_bytes_served=123456, weights_uploads=3, dht_errors=2, trust=trust), **change})
+        bytes_in=5000, weights_bytes_served=123456, weights_uploads=3, weights_bad_requests=0, dht_errors=2,
+        rounds_saturated=0, membership={"hello_failed": 1}, spot={"spot/passed": 5, "spot/failed": 1},
+        bans_and_limits={"trust/banned_peers": 1, "trust/bans": 2, "trust/refused_banned/rollout": 4},
+        authority={"untrusted/policy_record": 1}), **change})
 
 
 def test_learner_metrics_read_its_counters():
@@ -61,6 +62,18 @@ def test_learner_metrics_read_its_counters():
     buckets = {dict(k)["le"]: v for k, v in m["p2prl_group_lag_versions_bucket"].items()}
     assert buckets == {"0.0": 4, "1.0": 6, "2.0": 6, "3.0": 7, "+Inf": 7}
     assert one("p2prl_group_lag_versions_count") == 7 and one("p2prl_group_lag_versions_sum") == 5
+
+
+def test_a_steps_metrics_line_and_the_summary_read_the_same_counters():
+    r = learner_report()
+    m = step_metrics(r)
+    assert m["admission/admitted"] == 9 and m["admission/queue_depth"] == 3 and m["membership/hello_failed"] == 1
+    assert m["spot/passed"] == 5 and m["trust/bans"] == 2 and m["net/dht_errors"] == 2
+    log = [{"version": 1, "groups": [["s/1", 0, "x"], ["s/2", 0, "x"]]}, {"version": 2, "groups": [], "loaded_from": "L"}]
+    s = summary(r, log, {"steps": 7})
+    assert s["version"] == 7 and s["steps"] == 7 and s["groups"]["trained"] == 2 and s["membership"] == {"hello_failed": 1}
+    assert s["trust"] == {"untrusted/policy_record": 1, "trust/banned_peers": 1, "trust/bans": 2,
+                          "trust/refused_banned/rollout": 4}
 
 
 def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
