@@ -1,6 +1,7 @@
 """Benchmark: GRPO vs GSPO vs GEPO against the maximum sync delay (the GEPO paper's latency figure).
 
-    python benchmarks/latency_grid.py [--config FILE] [--seeds N] [--fresh] [--jobs N] [section.key=value ...]
+    python benchmarks/latency_grid.py [--config FILE] [--seeds N] [--delays D ...] [--fresh] [--jobs N]
+                                      [section.key=value ...]
 
 Runs ``p2prl experiment latency`` (algorithm x max delay {0, 4, 8, 16, 32} x 3 seeds,
 configs/latency.toml) into runs/latency/, copies its plots to docs/img/ and writes the
@@ -8,7 +9,8 @@ tables (mean ± std, 95% intervals, GEPO paired per seed against GSPO and GRPO, 
 lag next to the paper's), the paper's targets and the wall time into docs/results.md,
 whatever they show. ``--config configs/latency-authors.toml --seeds 5`` runs the grid in
 the HeteroRL authors' setting into runs/latency-authors/ and its own section
-(``latency_grid_latency-authors``). Without --fresh, finished cells from an earlier
+(``latency_grid_latency-authors``); ``--config configs/latency-math.toml --seeds 3 --delays 0 8 16 32``
+the same setting on the word-problem math workload. Without --fresh, finished cells from an earlier
 (interrupted) run are reused and the section says how many.
 """
 
@@ -46,6 +48,13 @@ def delay_words(st) -> str:
             f"{st.lognormal_sigma:g}, clip D")
 
 
+def task_words(c) -> tuple[str, str]:
+    """(the task, how a completion is scored), in words, from the config."""
+    if c.task.name == "math":
+        return f"the word problems `{c.task.path}`", "reward 1 when math-verify finds the boxed answer equal"
+    return f"{c.task.digits}-digit `{c.task.name}`", "reward 1 for the exact answer"
+
+
 def setting(config: str, overrides: list[str]) -> str:
     """The base config of every cell, in words, read from the config file (not typed by hand)."""
     c = load_config(ROOT / config, overrides)
@@ -54,7 +63,7 @@ def setting(config: str, overrides: list[str]) -> str:
     scaling = {True: "on", False: "off", None: "on for GRPO/GSPO, off for GEPO"}[a.scale_std]
     text = (
         f"Setting (`{config}`{' + ' + ' '.join(overrides) if overrides else ''}): {model} on "
-        f"{c.task.digits}-digit `{c.task.name}` (completions of up to {s.max_new_tokens} tokens); {t.steps} "
+        f"{task_words(c)[0]} (completions of up to {s.max_new_tokens} tokens); {t.steps} "
         f"learner steps per cell, {t.groups_per_step} groups of G = {s.group_size} per step, lr {t.lr:g} "
         f"(warmup {t.warmup_frac:.0%}), temperature {s.temperature:g}, eps {a.eps:g}; GSPO clip "
         f"{a.gspo_eps_low:g} / {a.gspo_eps_high:g}; k3 KL weight {a.beta_kl:g} on every objective; std scaling of "
@@ -103,19 +112,19 @@ def differences(config: str, overrides: list[str]) -> str:
         ("model", f"`{c.model.path}`: {n_parameters(c.model.path):,} parameters, {c.model.dtype}",
          "Qwen3-1.7B (the latency figure) and Qwen3-8B, bf16",
          "the effect of staleness on a tiny model's policy need not scale like a 1.7B model's"),
-        ("task and reward", f"{c.task.digits}-digit `{c.task.name}`, reward 1 for the exact answer",
+        ("task and reward", ", ".join(task_words(c)),
          "MATH levels 3-5, answers checked with math-verify", "p2prl trains real models on math, but a 1.7B model does not fit this grid on 2 CPU cores"),
-        ("accuracy", f"greedy exact match on {c.task.heldout_size} held-out problems every {t.eval_every} versions",
+        ("accuracy", f"greedy decoding on {c.task.heldout_size} held-out problems every {t.eval_every} versions",
          "average of 4 math benchmarks", "best/last are over our periodic evaluations"),
         ("completion length", f"up to {s.max_new_tokens} tokens", "up to 4096 tokens",
          "sequence-level weights and the KL act on tens of tokens here, not thousands"),
         ("completions per step", f"{t.groups_per_step} groups x G = {s.group_size} = {t.groups_per_step * s.group_size}",
          "32 prompts x G = 8 = 256", ""),
         ("learning rate", f"{t.lr:g}, {t.warmup_frac:.0%} warmup, then constant", "1e-6, 3% warmup, then constant",
-         "a 133k-parameter model barely moves at 1e-6; 2e-3 wrecked this base within 3 steps"),
+         "a model of under a million parameters barely moves at 1e-6"),
         ("sampling", f"temperature {s.temperature:g}" + (f", {truncation}" if truncation else ", no truncation"),
          "temperature 0.6, top-p 0.95, top-k 20", "the shipped configs' sampling, not tuned for this grid"),
-        ("learner steps", f"{t.steps}", "1295", "the training curves below show whether 120 is enough"),
+        ("learner steps", f"{t.steps}", "1295", f"the training curves below show whether {t.steps} is enough"),
         ("delay clock", f"the authors' delay in seconds, one version = {per_version}",
          "the same delay in wall-clock seconds, learner steps of their own duration",
          (f"their lag in versions depends on their step time; here {on_floor:.0%} of draws sit on the floor, "
@@ -154,6 +163,8 @@ def main() -> int:
     ap.add_argument("--config", default=CONFIG, help=f"base config of every cell, relative to the repository "
                     f"(default {CONFIG}; another config gets its own output folder, plots and section)")
     ap.add_argument("--seeds", type=int, default=None, help="seeds per (algo, delay) (default 3)")
+    ap.add_argument("--delays", nargs="+", type=int, default=None, metavar="D",
+                    help="maximum delays in policy versions (default: the experiment's)")
     ap.add_argument("--fresh", action="store_true", help="remove the output folder first, so every cell is run and timed")
     ap.add_argument("--jobs", type=int, default=None, help="cells at once (default: CPU count)")
     ap.add_argument("overrides", nargs="*", help="config overrides for every cell")
@@ -166,6 +177,8 @@ def main() -> int:
     for flag, value in (("--jobs", args.jobs), ("--seeds", args.seeds)):
         if value:
             argv += [flag, str(value)]
+    if args.delays:
+        argv += ["--delays", *map(str, args.delays)]
     ns = cli.build_parser().parse_args(argv + args.overrides)
     outcome = latency.run_latency(ns)
     run = outcome.run
@@ -180,6 +193,7 @@ def main() -> int:
         + f"; {cell_s / 60:.1f} min of training summed over all {len(run.summaries)} cells. "
         f"Equivalent command: `p2prl experiment latency --config {args.config} --out {out}"
         + (f" --seeds {args.seeds}" if args.seeds else "")
+        + (f" --delays {' '.join(map(str, args.delays))}" if args.delays else "")
         + (" " + " ".join(args.overrides) if args.overrides else "") + "`."
     )
     extra = "" if args.config == CONFIG else f"\n\n{differences(args.config, args.overrides)}"
@@ -195,7 +209,9 @@ def main() -> int:
     print(body)
     shown = " ".join(["python benchmarks/latency_grid.py",
                       *([f"--config {args.config}"] if args.config != CONFIG else []),
-                      *([f"--seeds {args.seeds}"] if args.seeds else []), *(["--fresh"] if args.fresh else []),
+                      *([f"--seeds {args.seeds}"] if args.seeds else []),
+                      *([f"--delays {' '.join(map(str, args.delays))}"] if args.delays else []),
+                      *(["--fresh"] if args.fresh else []),
                       *([f"--jobs {args.jobs}"] if args.jobs else []), *args.overrides])
     name, title = "latency_grid", "Accuracy under latency: GRPO vs GSPO vs GEPO"
     if args.config != CONFIG:

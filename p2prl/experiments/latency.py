@@ -23,7 +23,9 @@ How this departs from the paper (arXiv 2508.17850):
 * Model and task: the shipped 133k-parameter policy on 2-digit addition, not
   Qwen3-1.7B/8B on MATH; accuracy is greedy exact-match on held-out problems.
   configs/latency-authors.toml uses the scratchpad variant (completions of about 20
-  tokens, its own 133k-parameter base), still far shorter than the paper's.
+  tokens, its own 133k-parameter base), still far shorter than the paper's;
+  configs/latency-math.toml the word-problem math base (0.8M parameters, BPE, ChatML,
+  math-verify rewards, completions of 40 to 128 tokens).
 * Delay is measured in learner versions, not seconds: the log-normal's median is
   ``staleness.lognormal_median_frac * d`` (339 s of 1920 s in the paper) and its
   sigma the paper's, clipped to ``d``. One in-process sampler makes one batch per
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import signal
 import statistics
@@ -295,15 +298,86 @@ def lag_table(summaries: list[dict], delays) -> str:
     return "\n".join(lines)
 
 
+def step_rows(summary: dict, out: Path) -> list[dict]:
+    """The learner steps of a cell (its metrics.jsonl lines with the objective's metrics)."""
+    path = out / "cells" / summary["cell"] / "metrics.jsonl"
+    return [r for r in map(json.loads, filter(str.strip, path.read_text().splitlines())) if "loss/kl_k3" in r]
+
+
+def kl_spread_table(summaries: list[dict], algos, delays, out: Path) -> str:
+    """The sampler-learner KL step by step, per (algo, delay) over every step of every seed: its median, 90th
+    percentile and largest value (a mean over steps can rest on a few), and per version of lag (KL / mean lag of the
+    step's data, steps with stale data only), with the objective's importance weights' mean and clipped share."""
+    lines = ["| algo | max delay | steps | KL median | KL p90 | KL max | KL per version of lag (median) | "
+             "IS weight mean | clipped share |", "|" + "---|" * 9]
+    for algo in algos:
+        for d in sorted(delays):
+            rows = [r for c in sorted(summaries, key=lambda c: c["cell"]) if c["algo"] == algo and c["delay"] == d
+                    for r in step_rows(c, out)]
+            if not rows:
+                continue
+            kl = sorted(float(r["loss/kl_k3"]) for r in rows)
+            per_lag = [float(r["loss/kl_k3"]) / r["rollout/lag_mean"] for r in rows if r.get("rollout/lag_mean", 0) > 0]
+            pct = lambda q: kl[min(len(kl) - 1, int(q * len(kl)))]  # noqa: E731
+
+            def mean(k: str) -> str:
+                got = [float(r[k]) for r in rows if k in r]
+                return f"{statistics.fmean(got):.4f}" if got else "-"
+
+            lines.append(f"| {algo} | {d} | {len(rows)} | {pct(0.5):.3g} | {pct(0.9):.3g} | {kl[-1]:.3g} | "
+                         f"{f'{statistics.median(per_lag):.3g}' if per_lag else '-'} | "
+                         f"{mean('loss/is_weight_mean')} | {mean('loss/clip_frac')} |")
+    return "\n".join(lines)
+
+
+def kl_origin(summaries: list[dict], delays, out: Path) -> list[str]:
+    """Where the mean sampler-learner KL at the largest delay comes from: the share of its sum over steps that its
+    largest 5% of steps hold, per objective, and how closely two objectives' KL follow each other step by step
+    (Pearson's r over the same (seed, step): cells of a seed share prompts, sampling seeds and delays)."""
+    top = max(delays)
+    per: dict[str, dict[tuple[int, int], float]] = {}
+    for c in summaries:
+        if c["delay"] == top:
+            for r in step_rows(c, out):
+                per.setdefault(c["algo"], {})[(c["seed"], r["step"])] = float(r["loss/kl_k3"])
+    lines = []
+    for algo, kl in sorted(per.items()):
+        vals = sorted(kl.values(), reverse=True)
+        total = sum(vals)
+        if total > 0:
+            k = max(1, len(vals) // 20)
+            lines.append(f"{algo.upper()} at max delay {top}: mean KL {total / len(vals):.3g}; its largest {k} of "
+                         f"{len(vals)} steps hold {sum(vals[:k]) / total:.0%} of the sum")
+    r = {}
+    for a, b in (("gepo", "gspo"), ("gepo", "grpo")):
+        if a in per and b in per:
+            both = sorted(set(per[a]) & set(per[b]))
+            if len(both) > 2:
+                xs, ys = [per[a][k] for k in both], [per[b][k] for k in both]
+                try:
+                    r[b] = statistics.correlation(xs, ys)
+                except statistics.StatisticsError:  # a constant series
+                    continue
+                lines.append(f"{a.upper()} vs {b.upper()} at max delay {top}, step by step: r = {r[b]:.2f} over "
+                             f"{len(both)} (seed, step) pairs")
+    mean = {a: statistics.fmean(kl.values()) for a, kl in per.items() if kl}
+    if r.get("gspo", 0) >= 0.9 and mean.get("gepo", 0) >= 3 * mean.get("grpo", math.inf):
+        lines.append("So GEPO's mean KL above GRPO's is not GEPO's own: GSPO's follows it step for step, from the same "
+                     "few steps. Both weigh and clip a whole sequence (GSPO a length-normalised mean of token ratios, "
+                     "GEPO a sequence's probability over its group's expectation), so a token's probability can move "
+                     "far while its sequence's weight stays inside the clip range; GRPO clips every token's ratio (its "
+                     "clipped share grows with the delay: table above). The k3 KL is the same function for all three "
+                     "objectives (`p2prl/algo/losses.py`), computed on the same tokens.")
+    return lines
+
+
 def step_points(summaries: list[dict], out: Path) -> dict[str, list[tuple[float, float]]]:
     """(KL k3, importance-weight variance) of every learner step, per algorithm, read from each cell's
     metrics.jsonl under ``out``/cells."""
     points: dict[str, list[tuple[float, float]]] = {}
     for s in sorted(summaries, key=lambda s: s["cell"]):
-        path = out / "cells" / s["cell"] / "metrics.jsonl"
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         points.setdefault(s["algo"], []).extend(
-            (float(r["loss/kl_k3"]), float(r["loss/is_weight_var"])) for r in rows if "loss/kl_k3" in r)
+            (float(r["loss/kl_k3"]), float(r["loss/is_weight_var"])) for r in step_rows(s, out))
     return points
 
 
@@ -315,8 +389,11 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
     targets = check_targets(rows, delays)
     effect = staleness_effect(rows, algos, delays, DELAY_AXIS)
     pairs = comparisons(summaries, algos, delays)
+    origin = "".join(f"- {line}\n" for line in kl_origin(summaries, delays, out))
+    origin += "\n" if origin else ""
     markdown = (
-        "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy exact match on held-out problems; "
+        "Mean ± std over seeds (sample std; 0 with one seed). Accuracy: greedy decoding of held-out problems, scored "
+        "by the task's reward (exact match; math-verify for math); "
         "best = best periodic evaluation after the start, last = evaluation at the final version. Lag: "
         "learner version minus the version that generated the data (mean over steps; max over steps). KL k3 and "
         "IS weight variance: means over learner steps of the objective's own metrics.\n\n"
@@ -328,6 +405,9 @@ def write_report(summaries: list[dict], algos, delays, out: Path) -> Report:
         f"{paired_table(pairs)}\n\n"
         f"**Observed lag vs the paper's** (all cells of a delay; the paper: max delay 64, mean lag 26.5, "
         f"max 57):\n\n{lag_table(summaries, delays)}\n\n"
+        "**Sampler-learner KL, step by step** (every learner step of every seed; KL k3 of the sampler's policy "
+        "from the learner's, on the step's sampled tokens):\n\n"
+        f"{kl_spread_table(summaries, algos, delays, out)}\n\n{origin}"
         f"**Paper's targets** (means over seeds):\n\n{targets_markdown(targets)}\n\n"
         "**Does staleness hurt?**\n\n" + "\n".join(f"- {line}" for line in effect) + "\n"
     )

@@ -99,7 +99,27 @@ def test_write_report_includes_the_new_sections(tmp_path):
                 _write_metrics(tmp_path, c, [(1e-3 * (d + 1), 1e-4 * (s + 1))] * 3)
                 cells.append(c)
     report = write_report(cells, ("grpo", "gspo", "gepo"), (0, 4), tmp_path)
-    for heading in ("95% intervals", "Paired per seed", "Observed lag vs the paper's", "Paper's targets"):
+    for heading in ("95% intervals", "Paired per seed", "Observed lag vs the paper's", "Paper's targets",
+                    "Sampler-learner KL, step by step"):
         assert heading in report.markdown
+    # every step of both seeds: the KL median of GEPO at delay 4 is its steps' value, 1e-3 x (4 + 1)
+    assert "| gepo | 4 | 6 | 0.005 | 0.005 | 0.005 |" in report.markdown
     assert report.files["fig2"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert len(report.files["paired_csv"].read_text().splitlines()) == 1 + 2 * 2
+
+
+def test_the_kl_origin_names_the_few_steps_that_hold_the_mean_and_which_objectives_share_them(tmp_path):
+    from p2prl.experiments.latency import kl_origin
+
+    spikes = {3: 1.0, 7: 0.5}  # the same steps for GEPO and GSPO; GRPO's token clip keeps it flat
+    cells = []
+    for algo in ("grpo", "gspo", "gepo"):
+        for seed in range(2):
+            c = _cell(algo, 8, seed, 0.5)
+            kl = [(0.001 + 0.0001 * i if algo == "grpo" else spikes.get(i, 0.001 * (i % 3)), 0.0) for i in range(20)]
+            _write_metrics(tmp_path, c, kl)
+            cells.append(c)
+    lines = kl_origin(cells, (0, 8), tmp_path)
+    assert "GEPO at max delay 8: mean KL 0.0759; its largest 2 of 40 steps hold 66% of the sum" in lines
+    assert any(line.startswith("GEPO vs GSPO at max delay 8, step by step: r = 1.00") for line in lines)
+    assert lines[-1].startswith("So GEPO's mean KL above GRPO's is not GEPO's own")
