@@ -63,7 +63,7 @@ from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
-from p2prl.tasks import make_task
+from p2prl.tasks import Task, make_task
 
 log = logging.getLogger("p2prl.learner.core")
 
@@ -88,14 +88,16 @@ def truncate_log(path: Path, version: int) -> list[dict]:
 
 
 class Learner:
-    def __init__(self, cfg: Config, node: SwarmNode, resumed: tuple[LearnerCore, dict] | None = None):
-        """``resumed``: ``resume_learner``'s result when the caller loaded the model before joining the DHT."""
+    def __init__(self, cfg: Config, node: SwarmNode, resumed: tuple[LearnerCore, dict] | None = None,
+                 task: Task | None = None):
+        """``resumed``: ``resume_learner``'s result when the caller loaded the model before joining the DHT; ``task``:
+        the task when the caller made it (``run_learner``: to check an authority's run record first)."""
         self.cfg, self.node = cfg, node
         self.out = Path(cfg.train.out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         self.core, saved = resumed or resume_learner(cfg, self.out)
         s = cfg.sampling
-        self.task = make_task(cfg.task)
+        self.task = task or make_task(cfg.task)
         limits = Limits(max_bytes=int(cfg.flow.max_record_mb * 2**20))
         self.step_lock = threading.Lock()  # the state handler never reads a half-applied step
         # counts changes of the state (steps, loads), under step_lock: `state` snapshots are shared per epoch
@@ -119,9 +121,6 @@ class Learner:
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
-        if cfg.trust.authority:  # refused before it serves anything: a bad run record names what to do
-            node.trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id,
-                                       node.peer_id, self.run_config)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
@@ -507,12 +506,16 @@ def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.E
 def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
     # the model loads first: a bootstrap started together with this peer comes up meanwhile
     resumed = resume_learner(cfg, Path(cfg.train.out_dir))
-    # bans (kept in out_dir across restarts) and per-peer limits, enforced on every stream this node serves
+    task, trust = make_task(cfg.task), None
+    if cfg.trust.authority:  # refused before it joins: a bad run record or identity names what to do
+        trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id, None,
+                              run_config(cfg, task))
+    # its gate: whom it hears (trust), bans (kept in out_dir across restarts) and per-peer limits, on every stream
     node = SwarmNode(cfg.net, "learner", stop, reputation=Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"),
-                     limits=PeerLimits(cfg.trust))
+                     limits=PeerLimits(cfg.trust), trust=trust)
     learner = server = None
     try:
-        learner = Learner(cfg, node, resumed)
+        learner = Learner(cfg, node, resumed, task)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
         node.metrics_addr = prom.announced_address(cfg.net, server)
         return learner.run(stop, progress)

@@ -295,9 +295,10 @@ class Trust:
                         what.replace("_", " "), peer[-6:], self.run_id, n)
 
 
-def learner_trust(authority: str, record_path: str, identity_path: str, run_id: str, node_peer_id: str,
+def learner_trust(authority: str, record_path: str, identity_path: str, run_id: str, node_peer_id: str | None,
                   mine: RunConfigRecord) -> Trust:
-    """A learner's trust in an authority run: its run record checked against everything it can check."""
+    """A learner's trust in an authority run: its run record checked against everything it can check. ``node_peer_id``:
+    its node's, when it is running (None: checked when the node is built with this trust)."""
     from p2prl.swarm.runconfig import LEARNER_SECTIONS, RunConfigMismatch, differences
 
     if not identity_path:
@@ -307,7 +308,7 @@ def learner_trust(authority: str, record_path: str, identity_path: str, run_id: 
         raise TrustError("with trust.authority set, a learner needs trust.run_record: the file `p2prl run init` "
                          "wrote (run.record)")
     key = LearnerKey.load(identity_path)
-    if key.peer_id != node_peer_id:
+    if node_peer_id is not None and key.peer_id != node_peer_id:
         raise TrustError(f"net.identity_path {identity_path!r} is not this node's identity")
     rec = load_run_record(record_path)
     problem = rec.problem(authority, run_id)

@@ -22,7 +22,7 @@ from typing import Awaitable, Callable
 import msgpack
 
 from p2prl.config import NetConfig
-from p2prl.swarm.authority import Trust
+from p2prl.swarm.authority import Trust, TrustError
 from p2prl.swarm.dht import (RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, start_dht,
                              wait_for_peers_file)
 from p2prl.swarm.limits import PeerLimits
@@ -120,11 +120,12 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
 class SwarmNode:
     def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
                  reputation: Reputation | None = None, limits: PeerLimits | None = None,
-                 transport: Transport | None = None):
+                 transport: Transport | None = None, trust: Trust | None = None):
         """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive). The gate on
         every stream this node serves: ``reputation`` (banned peers' streams are refused) and ``limits`` (per-peer
-        rate and concurrency limits, slow readers cut). ``transport``: the network (default: a hivemind DHT
-        started from ``cfg``)."""
+        rate and concurrency limits, slow readers cut); ``trust``: whom it hears (default: open; an authority run's
+        learner gives its own, whose identity must be this node's). ``transport``: the network (default: a hivemind
+        DHT started from ``cfg``)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
         self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
@@ -140,7 +141,10 @@ class SwarmNode:
             ))
         self.transport = transport
         self.peer_id = transport.peer_id
-        self.trust = Trust("", cfg.run_id)  # open mode; roles of an authority run replace it (swarm/authority.py)
+        if trust is not None and trust.key is not None and trust.key.peer_id != self.peer_id:
+            transport.shutdown()
+            raise TrustError(f"net.identity_path {cfg.identity_path!r} is not this node's identity")
+        self.trust = trust or Trust("", cfg.run_id)  # open unless given (an authority run's sampler sets its own)
         self.limits, self.reputation = limits, reputation
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)

@@ -77,3 +77,14 @@ def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowle
     assert not any(t.is_alive() for t in threads)
     assert summary["version"] >= 2 and summary["groups"]["trained"] >= sampler.view.counts["acked/trained"]
     assert sampler.core.version >= 1  # it loaded versions the learner published
+
+
+def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
+    from p2prl.swarm.authority import LearnerKey, Trust, TrustError, create_identity
+
+    create_identity(str(tmp_path / "learner.id"))
+    trust = Trust("ab" * 16, "mem", None, LearnerKey.load(str(tmp_path / "learner.id")))
+    transport = MemorySwarm().transport()  # a peer id of its own
+    with pytest.raises(TrustError, match="is not this node's identity"):
+        SwarmNode(load_config(None, FAST).net, "learner", transport=transport, trust=trust)
+    assert not transport.alive()
