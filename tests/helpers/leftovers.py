@@ -7,8 +7,11 @@ import signal
 from pathlib import Path
 
 SESSION_MARK = "P2PRL_TEST_SESSION"  # environment variable naming the session that started a process
-# helpers multiprocessing keeps for the lifetime of the process that started them; they exit with it
-_INFRASTRUCTURE = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import")
+# helpers multiprocessing keeps for the lifetime of the process that started them; they exit with it. torch's
+# shared-memory manager (hivemind's futures share torch memory) exits once its last client has; killed while the
+# test process still holds shared tensors, that process aborts as it frees them ("Broken pipe")
+_INFRASTRUCTURE = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import",
+                   "torch_shm_manager")
 
 
 def proc_stat(pid: int) -> tuple[str, int, int] | None:
