@@ -1,4 +1,4 @@
-"""``SwarmNode``: one peer's DHT records and libp2p streams, behind a small blocking API.
+"""``SwarmNode``: one peer's DHT records (``records.py``) and libp2p streams, behind a small blocking API.
 
 The network itself is a ``Transport`` (``transport.py``: hivemind's DHT, which runs in its own
 process, and a replica of its P2P client; or peers in memory, for unit tests); this class runs
@@ -23,9 +23,9 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust, TrustError
-from p2prl.swarm.dht import (RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key, start_dht,
-                             wait_for_peers_file)
+from p2prl.swarm.dht import start_dht, wait_for_peers_file
 from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.transport import HivemindTransport, Transport
 
@@ -117,7 +117,7 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
     return await reader.readexactly(n)
 
 
-class SwarmNode:
+class SwarmNode(Records):
     def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
                  reputation: Reputation | None = None, limits: PeerLimits | None = None,
                  transport: Transport | None = None, trust: Trust | None = None):
@@ -146,9 +146,7 @@ class SwarmNode:
             raise TrustError(f"net.identity_path {cfg.identity_path!r} is not this node's identity")
         self.trust = trust or Trust("", cfg.run_id)  # open unless given (an authority run's sampler sets its own)
         self.limits, self.reputation = limits, reputation
-        self._publish_lock = threading.Lock()
-        self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
-        self.dht_errors = 0
+        self._init_records()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
@@ -178,132 +176,6 @@ class SwarmNode:
                 if time.monotonic() > deadline:
                     fut.cancel()
                     raise TimeoutError(f"no answer within {timeout:.0f} s") from None
-
-    # ---- DHT ----------------------------------------------------------------------------
-    def _send_store(self, dht_key: str, subkey: str, value: bytes, ttl: float):
-        """Send a store with expiration; its future (``_settle``), or None when it could not be sent (counted)."""
-        if not self.transport.alive():
-            return None
-        try:
-            return self.transport.store(dht_key, subkey, value, ttl)
-        except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
-            return None
-
-    def _settle(self, dht_key: str, fut) -> bool:
-        """Wait for a store sent by ``_send_store``; a failure is logged and counted, never raised."""
-        if fut is None:
-            return False
-        try:
-            return bool(self._wait(fut, self.cfg.rpc_timeout_s))
-        except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
-            return False
-
-    def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
-        """Store with expiration, waited for; a failure is logged and counted, never raised."""
-        return self._settle(dht_key, self._send_store(dht_key, subkey, value, ttl))
-
-    def _get_dict(self, dht_key: str) -> dict[str, bytes]:
-        """The subkey -> value map under ``dht_key``; empty when missing or on failure (logged)."""
-        if not self.transport.alive():
-            return {}
-        try:
-            found = self._wait(self.transport.get(dht_key), self.cfg.rpc_timeout_s)
-        except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
-            return {}
-        return found or {}
-
-    @property
-    def ttl(self) -> float:
-        return 3 * self.cfg.heartbeat_s
-
-    def announce(self, record: PeerRecord) -> bool:
-        """Our peer record in the run (with our metrics endpoint), and our run under ``RUNS_KEY`` (seen by
-        ``p2prl status`` of other runs)."""
-        if self.metrics_addr:
-            record = record.model_copy(update={"metrics": self.metrics_addr})
-        self._store(RUNS_KEY, self.peer_id, RunAnnouncement(run_id=record.run_id, role=record.role,
-                                                      updated=record.updated).encode(), self.ttl)
-        return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)
-
-    def runs(self) -> dict[str, RunAnnouncement]:
-        """Peer id -> the run it announced (every run, this one included); invalid records are left out."""
-        recs = {p: RunAnnouncement.decode(v) for p, v in self._get_dict(RUNS_KEY).items()}
-        return {p: r for p, r in recs.items() if r is not None}
-
-    def peers(self, role: str | None = None) -> list[PeerRecord]:
-        """Live peers of this run (records that parse, match the run and their subkey); learners only if authorized."""
-        out = []
-        for sub, raw in self._get_dict(key(self.cfg.run_id, "peers")).items():
-            rec = PeerRecord.decode(raw)
-            if rec and rec.peer_id == sub and rec.run_id == self.cfg.run_id and (role is None or rec.role == role):
-                if rec.role == "learner" and not self.trust.authorized(rec.peer_id):
-                    self.trust.reject("learner_record", rec.peer_id)
-                    continue
-                out.append(rec)
-        return out
-
-    def publish_policy(self, rec: PolicyRecord, wait: bool = True) -> None:
-        """Announce ``rec`` as our newest version, and us as a holder of it. ``wait=False``: return once the
-        stores are sent, so that a learner's next step overlaps their round trips; those of the previous such
-        call are waited for first (one announcement in flight: a failure is still counted, and stores never
-        pile up behind a slow DHT)."""
-        value = rec.encode()
-        with self._publish_lock:
-            for dht_key, fut in self._publishing:
-                self._settle(dht_key, fut)
-            keys = [key(self.cfg.run_id, "policy"), key(self.cfg.run_id, "holders", str(rec.version))]
-            self._publishing = [(k, self._send_store(k, self.peer_id, value, self.ttl)) for k in keys]
-            if wait:
-                for dht_key, fut in self._publishing:
-                    self._settle(dht_key, fut)
-                self._publishing = []
-
-    def announce_holder(self, rec: PolicyRecord) -> None:
-        self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
-
-    def latest_policy(self) -> tuple[str, PolicyRecord] | None:
-        """(publisher, record) of the newest published version (ties: see ``PolicyRecord.rank``), or None.
-
-        With a run authority, only records signed by an authorized learner count (others are counted and logged)."""
-        recs = [(p, PolicyRecord.decode(v)) for p, v in self._get_dict(key(self.cfg.run_id, "policy")).items()]
-        ok = []
-        for p, r in recs:
-            if r is None:
-                continue
-            if self.trust.policy_ok(p, r):
-                ok.append((p, r))
-            else:
-                self.trust.reject("policy_record", p)
-        return max(ok, key=lambda pr: pr[1].rank()) if ok else None
-
-    def publish_run_config(self, rec: RunConfigRecord) -> None:
-        self._store(key(self.cfg.run_id, "config"), self.peer_id, rec.encode(), self.ttl)
-
-    def run_configs(self) -> dict[str, RunConfigRecord]:
-        """The run configs that live (authorized) learners publish (publisher -> record); invalid ones are left out."""
-        recs = {p: RunConfigRecord.decode(v) for p, v in self._get_dict(key(self.cfg.run_id, "config")).items()}
-        return {p: r for p, r in recs.items() if r is not None and self.trust.authorized(p)}
-
-    def publish_run_record(self) -> None:
-        """Republish the run record we hold (authority runs), so that samplers can find it."""
-        if self.trust.record is not None:
-            self._store(key(self.cfg.run_id, "authority"), self.peer_id, self.trust.record.encode(), self.ttl)
-
-    def refresh_trust(self) -> None:
-        """Authority runs: adopt the newest valid run record in the DHT (the authority may have added learners)."""
-        if not self.trust.open:
-            self.trust.refresh(self._get_dict(key(self.cfg.run_id, "authority")))
-
-    def holders(self, rec: PolicyRecord) -> list[str]:
-        """Peers announcing that they hold exactly this version and hash."""
-        got = self._get_dict(key(self.cfg.run_id, "holders", str(rec.version)))
-        return [p for p, v in got.items() if PolicyRecord.decode(v) == rec]
 
     # ---- streams ------------------------------------------------------------------------
     def _proto(self, name: str) -> str:
