@@ -31,20 +31,17 @@ import math
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from p2prl import prom
-from p2prl.algo.robust import Rule
 from p2prl.config import Config
 from p2prl.learner.checkpoint import disk_error, save_checkpoint
 from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+from p2prl.learner.rounds import LearnerRounds, Round
 from p2prl.learner import report
 from p2prl.learner.report import LearnerReport
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
@@ -53,8 +50,7 @@ from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
 from p2prl.swarm.authority import learner_trust
-from p2prl.swarm.averaging import GradientRounds, RoundFailed
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, key, new_record
+from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.membership import Membership
 from p2prl.swarm.node import SwarmNode
@@ -66,18 +62,6 @@ from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.tasks import Task, make_task
 
 log = logging.getLogger("p2prl.learner.core")
-
-
-@dataclass
-class Round:
-    """One version's gradient: this learner's, or the round's average with the other learners."""
-
-    grad: torch.Tensor
-    weight: int  # samples averaged into it
-    learners: int
-    tags: list[list]  # [group id, policy version, weights sha256] of every group in it
-    metrics: dict
-    started: float
 
 
 def truncate_log(path: Path, version: int) -> list[dict]:
@@ -133,7 +117,7 @@ class Learner:
                                     self.reputation, lambda: self.core.version, lambda: self.latest,
                                     lambda: 1 + len(self.membership.others))
         self.lock = self.intake.lock
-        self.rounds: GradientRounds | None = None
+        self.rounds = LearnerRounds(cfg, node, self.core, self.ledger, self.lock, self.out)
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
@@ -148,7 +132,7 @@ class Learner:
                 batch = self.take_batch()
                 if batch is None:
                     continue
-                r = self.one_round(batch, stop)
+                r = self.rounds.step(batch, len(self.membership.others), self.latest.sha256, self.catch_up, stop)
                 if r is not None:
                     self.after_step(r, batch)
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
@@ -176,7 +160,6 @@ class Learner:
         self.membership.heartbeat()  # samplers can start while the base policy is evaluated
         self.sync.serve()
         self.membership.serve()
-        self.n_params = self.core.n_params  # the trainable ones
         if self.base_acc is None:
             self.base_acc = self.evaluate()
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
@@ -187,7 +170,6 @@ class Learner:
         self.sink = JsonlSink(self.out / "metrics.jsonl")
         self.bar = progress_bar(total=t.steps, initial=self.core.version, disable=not progress, desc="learner")
         self.last_check = self.started = self.version_since = time.time()
-        self.missed = 0  # rounds at this version that found nobody
         self.membership.start_heartbeats()
         if self.core.version >= t.steps:
             log.info("the run in %s is complete (version %d = train.steps); raise train.steps or start over "
@@ -201,7 +183,7 @@ class Learner:
         self.last_check = time.time()
         if self.catch_up():
             self.bar.update(self.core.version - self.bar.n)
-            self.version_since, self.missed = time.time(), 0
+            self.version_since, self.rounds.missed = time.time(), 0
             return True
         with self.lock:  # nobody ranks above us
             self.ledger.settle(self.core.version, before=time.time() - 2 * self.node.ttl)
@@ -234,65 +216,6 @@ class Learner:
                 self.lock.wait(timeout=0.2)
         return batch
 
-    def one_round(self, batch: list[RolloutGroup], stop: threading.Event) -> Round | None:
-        """The gradient of ``batch``, averaged with the learners at this version; None: round failed, batch put back.
-
-        Partial, mixed or empty rounds are retried; after two rounds at one version with nobody to
-        average with and nobody ahead, a learner steps alone (a slow or dead learner never blocks the others).
-        """
-        t0 = time.time()
-        grad, m = self.core.gradient(batch) if batch else (torch.zeros(self.n_params), {})
-        if self.cfg.testing.slowdown > 1:
-            stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
-        # never applied nor sent; the batch goes back (retried at the next version)
-        if not bool(torch.isfinite(grad).all()):
-            with self.lock:
-                self.counts["round/non_finite_own"] += 1
-                n = self.counts["round/non_finite_own"]
-                self.buffer.requeue(batch)
-            if n <= 5 or n % 100 == 0:
-                log.warning("the gradient at v%d is not finite: not applied, not sent (%d so far)",
-                            self.core.version, n)
-            stop.wait(0.2)
-            return None
-        tags = [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]
-        r = Round(grad, sum(g.group_size for g in batch), 1, tags, m, t0)
-        others = len(self.membership.others)
-        if not others:
-            return r
-        # on disk before our gradient leaves: once it is in a round, the other members may apply it and
-        # acknowledge our groups though we die before our own step (the restart retrains them from this file)
-        try:
-            self.ledger.own.write(self.core.version + 1, batch)
-        except OSError as e:
-            raise disk_error(self.out, e, f"the own groups of v{self.core.version + 1}") from e
-        try:
-            got = self.gradient_rounds().average(grad, r.weight, self.core.version, self.latest.sha256, tags,
-                                                 1 + others)
-            self.bad_members(got.bad)
-            r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
-            return r
-        except RoundFailed as e:
-            self.bad_members(e.bad)
-            with self.lock:
-                self.counts[f"round/{e.reason}"] += 1
-            log.log(logging.DEBUG if e.reason == "empty" else logging.INFO,
-                    "gradient round at v%d failed: %s", self.core.version, e)
-            self.missed = self.missed + 1 if e.reason == "no_round" else 0
-            if self.missed >= 2 and batch and not stop.is_set() and not self.catch_up():
-                return r  # alone
-            with self.lock:  # a group another member also brought is left to that member (it keeps its state here)
-                self.buffer.requeue([g for g in batch if g.group_id not in e.drop])
-            stop.wait(0.2 if e.reason == "empty" else 0)
-            return None
-
-    def bad_members(self, bad: dict[str, str]) -> None:
-        """Count and log the round members left out or refused (robust rounds), by reason."""
-        for peer, reason in bad.items():
-            with self.lock:
-                self.counts[f"round/bad_member/{reason}"] += 1
-            log.warning("gradient round at v%d: member %s refused: %s", self.core.version, peer[-6:], reason)
-
     def after_step(self, r: Round, batch: list[RolloutGroup]) -> None:
         """Apply the round; log, remember, evaluate, publish and checkpoint the new version."""
         t = self.cfg.train
@@ -321,7 +244,7 @@ class Learner:
             with self.lock:
                 self.ledger.record(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
             self.epoch += 1
-        self.version_since, self.missed = time.time(), 0
+        self.version_since, self.rounds.missed = time.time(), 0
         if v % t.eval_every == 0 or v == t.steps:
             self.acc = r.metrics["eval/heldout_acc"] = self.evaluate()
             self.best = max(self.best, self.acc)
@@ -333,19 +256,6 @@ class Learner:
         if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound
             self.reward = float(reward)
         self.log_metrics(v, r, batch)
-
-    def gradient_rounds(self) -> GradientRounds:
-        """This learner's side of the gradient rounds, started at the first round with another learner (its
-        averager is a process of its own: a lone learner, the local swarm's, never needs it)."""
-        if self.rounds is None:
-            r = self.cfg.rounds
-            rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
-            self.rounds = GradientRounds(self.node, key(self.cfg.net.run_id, "grads"), self.n_params,
-                                         target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s,
-                                         rule=rule, authorized=self.node.trust.authorized)
-            if rule is not None:
-                log.info("gradient rounds aggregate robustly: %s", rule.describe())
-        return self.rounds
 
     def log_metrics(self, v: int, r: Round, batch: list[RolloutGroup]) -> None:
         m = r.metrics
@@ -370,7 +280,7 @@ class Learner:
             other_learners=len(self.membership.others), max_staleness=self.cfg.staleness.max_staleness,
             counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
             weights_uploads=self.store.uploads, weights_bad_requests=self.store.bad_requests,
-            dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated if self.rounds else 0,
+            dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated,
             membership=membership, spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
             authority=dict(self.node.trust.counts))
@@ -399,8 +309,7 @@ class Learner:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
         self.intake.shutdown()
-        if self.rounds is not None:
-            self.rounds.shutdown()
+        self.rounds.shutdown()
 
     # ---- versions --------------------------------------------------------------------------------
     def evaluate(self) -> float:

@@ -289,7 +289,7 @@ def test_a_learner_killed_in_a_round_its_partner_completed_retrains_its_share_fr
     """A fifth churn-soak sequence: learner A brings s/x and s/y to the round v1 -> v2 and is killed after its
     gradient left but before its own step; B completes v2 with them and acknowledges them. A restarts from its
     checkpoint at v1. Its share must survive whichever history wins: the learner writes a batch as the next
-    version's own groups before the round (Learner.one_round), so the restart retrains them from that file."""
+    version's own groups before the round (LearnerRounds.step), so the restart retrains them from that file."""
     a = make_ledger(tmp_path)
     lines = [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)])]
     step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
