@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from p2prl.learner.spotcheck import SpotChecker
     from p2prl.rollout.verify import Verifier
     from p2prl.swarm.dht import PolicyRecord
-    from p2prl.swarm.node import SwarmNode
     from p2prl.swarm.reputation import Reputation
+    from p2prl.swarm.transport import Delivery
 
 log = logging.getLogger("p2prl.learner.core")
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
@@ -51,7 +51,7 @@ class RolloutIntake:
         self.bytes_in = 0  # rollout records received
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
 
-    def serve(self, node: SwarmNode) -> None:
+    def serve(self, node: Delivery) -> None:
         node.serve("rollouts", self.on_rollouts, node.transfer_timeout(self.batch_limit))
         node.serve("rollout", self.on_rollout)
         node.serve("acks", self.on_acks)

@@ -17,7 +17,8 @@ import logging
 from dataclasses import dataclass, field
 
 from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.node import FrameError, Refused, SwarmNode, refused_reason, write_frame
+from p2prl.swarm.node import FrameError, Refused, refused_reason, write_frame
+from p2prl.swarm.transport import WeightSource
 from p2prl.swarm.protocol import OK, pack
 
 log = logging.getLogger("p2prl.fetch")
@@ -100,7 +101,7 @@ def range_request(rec: PolicyRecord, piece: Piece) -> bytes:
     return pack(req)
 
 
-async def fetch_piece(node: SwarmNode, holder: str, rec: PolicyRecord, asm: Assembly, piece: Piece) -> None:
+async def fetch_piece(node: WeightSource, holder: str, rec: PolicyRecord, asm: Assembly, piece: Piece) -> None:
     """Stream what ``piece`` lacks from ``holder`` into the buffer; ``piece.pos`` follows every byte.
     Raises ``Refused`` (refused, busy or missing), ``FrameError`` (a reply of the wrong length) or a
     connection error; the bytes that did arrive stay."""
@@ -127,7 +128,7 @@ async def fetch_piece(node: SwarmNode, holder: str, rec: PolicyRecord, asm: Asse
         writer.close()
 
 
-async def assemble(node: SwarmNode, holders: list[str], rec: PolicyRecord, parallel: int) -> Fetched:
+async def assemble(node: WeightSource, holders: list[str], rec: PolicyRecord, parallel: int) -> Fetched:
     """``rec``'s bytes from ``holders`` (tried in this order), ranges from up to ``parallel`` of them at once."""
     asm = Assembly(rec.size, split(rec.size, min(parallel, len(holders))))
     final = asyncio.Event()
@@ -169,7 +170,7 @@ async def assemble(node: SwarmNode, holders: list[str], rec: PolicyRecord, paral
         await asyncio.gather(*active, hasher, return_exceptions=True)
 
 
-def fetch_weights(node: SwarmNode, holders: list[str], rec: PolicyRecord, parallel: int) -> Fetched:
+def fetch_weights(node: WeightSource, holders: list[str], rec: PolicyRecord, parallel: int) -> Fetched:
     """Blocking ``assemble`` on the node's loop (given up when the node stops). When bytes from several
     holders fail the hash, each holder is then tried alone, so that one bad holder cannot spoil a fetch
     the others could serve."""

@@ -1,5 +1,8 @@
 """What ``SwarmNode`` needs from a network, as one small interface, and its two implementations.
 
+What roles use of a node is typed here too: ``Directory`` (the run's records), ``Delivery`` (framed request and
+reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is all three.
+
 A ``Transport`` has two halves: records (a DHT: subkey -> value maps under a key, each value with an
 expiration) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
 (``node.py``) builds everything else on them: the typed records and their checks, frames, the ban
@@ -23,6 +26,56 @@ from typing import Awaitable, Callable, Protocol
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
 
 
+# ---- what roles use of a node (``SwarmNode`` is all three) -------------------------------------------
+class Directory(Protocol):
+    """The run's records in the DHT, typed and checked (``records.py``)."""
+
+    peer_id: str
+    dht_errors: int
+
+    def announce(self, record) -> bool: ...
+
+    def peers(self, role: str | None = None) -> list: ...
+
+    def publish_policy(self, rec, wait: bool = True) -> None: ...
+
+    def latest_policy(self) -> tuple | None: ...
+
+    def announce_holder(self, rec) -> None: ...
+
+    def holders(self, rec) -> list[str]: ...
+
+    def run_configs(self) -> dict: ...
+
+    def refresh_trust(self) -> None: ...
+
+
+class Delivery(Protocol):
+    """Framed one-request, one-reply streams: rollout batches and acknowledgements, hello, state (``node.py``)."""
+
+    def serve(self, name: str, handler: StreamHandler, timeout_s: float | None = None,
+              learners_only: bool = False) -> None: ...
+
+    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int,
+                timeout_s: float | None = None) -> bytes: ...
+
+    def submit(self, peer_id: str, name: str, payload: bytes, max_reply: int,
+               timeout_s: float | None = None) -> concurrent.futures.Future: ...
+
+    def transfer_timeout(self, nbytes: int) -> float: ...
+
+
+class WeightSource(Protocol):
+    """Raw streams to a version's holders, for byte ranges of its weights (``fetch.py``)."""
+
+    def run(self, coro: Awaitable, timeout: float, cancellable: bool = True): ...
+
+    async def open_stream(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    def transfer_timeout(self, nbytes: int) -> float: ...
+
+
+# ---- what a node needs of a network ----------------------------------------------------------------
 class Transport(Protocol):
     peer_id: str
 

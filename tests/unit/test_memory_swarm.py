@@ -88,3 +88,15 @@ def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
     with pytest.raises(TrustError, match="is not this node's identity"):
         SwarmNode(load_config(None, FAST).net, "learner", transport=transport, trust=trust)
     assert not transport.alive()
+
+
+def test_the_node_offers_every_role_facing_protocol_with_its_signature():
+    import inspect
+
+    from p2prl.swarm.transport import Delivery, Directory, WeightSource
+
+    for proto in (Directory, Delivery, WeightSource):
+        for name, member in vars(proto).items():
+            if callable(member) and not name.startswith("_"):
+                got = inspect.signature(getattr(SwarmNode, name)).parameters
+                assert list(got) == list(inspect.signature(member).parameters), f"{proto.__name__}.{name}"
