@@ -272,8 +272,6 @@ class Learner:
         """This learner's counters now, as one snapshot (``report.py`` makes the metrics, Prometheus and summary)."""
         with self.lock:
             counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.intake.bytes_in
-        with self.membership.lock:
-            membership = dict(self.membership.counts)
         return LearnerReport(
             run_id=self.cfg.net.run_id, peer_id=self.node.peer_id, version=self.core.version, acc=self.acc,
             reward=self.reward, throughput=self.throughput, queue_depth=depth,
@@ -281,7 +279,7 @@ class Learner:
             counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
             weights_uploads=self.store.uploads, weights_bad_requests=self.store.bad_requests,
             dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated,
-            membership=membership, spot=self.spot.metrics(),
+            membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
             authority=dict(self.node.trust.counts))
 

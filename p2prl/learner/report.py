@@ -32,7 +32,7 @@ class LearnerReport:
     weights_bad_requests: int
     dht_errors: int
     rounds_saturated: int  # gradient values clamped to the fixed-point range so far
-    membership: dict[str, int]  # hello exchanges and their failures
+    membership: dict[str, int]  # ``membership/<event>``: hello exchanges and their failures
     spot: dict[str, float]  # log-prob spot checks
     bans_and_limits: dict[str, int]  # ``trust_counts``
     authority: dict[str, int]  # records the run authority's checks refused, by kind
@@ -51,7 +51,7 @@ def step_metrics(r: LearnerReport) -> dict[str, float]:
     """The counters a step's line in ``metrics.jsonl`` carries besides the step's own metrics."""
     m: dict[str, float] = {f"admission/{k}": c for k, c in r.counts.items()}
     m["admission/queue_depth"] = r.queue_depth
-    m.update({f"membership/{k}": c for k, c in r.membership.items()})
+    m.update(r.membership)
     m.update(r.spot)
     m["round/saturated"] = r.rounds_saturated
     m["net/weights_bytes_served"] = r.weights_bytes_served
@@ -67,7 +67,8 @@ def summary(r: LearnerReport, train_log: list[dict], run: dict) -> dict:
     with the counters, and what its training log (``train_log.jsonl``'s lines) says of groups and lags."""
     trained = sum(len(line["groups"]) for line in train_log if "loaded_from" not in line)
     return {"version": r.version, **run, "groups": group_totals(r.counts, trained), "admission": dict(r.counts),
-            "membership": dict(r.membership), "trust": {**r.authority, **r.bans_and_limits},
+            "membership": {k.removeprefix("membership/"): c for k, c in r.membership.items()},
+            "trust": {**r.authority, **r.bans_and_limits},
             "weights_bytes_served": r.weights_bytes_served,
             "lag_by_sampler": {s[-6:]: h for s, h in lag_by_sampler(train_log).items()}}
 

@@ -150,8 +150,7 @@ class SwarmNode(Records):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
-        if isinstance(transport, HivemindTransport):
-            self.run(transport.start(), timeout=30, cancellable=False)
+        self.run(transport.start(), timeout=30, cancellable=False)
 
     @property
     def short_id(self) -> str:

@@ -79,6 +79,9 @@ class WeightSource(Protocol):
 class Transport(Protocol):
     peer_id: str
 
+    async def start(self) -> None:
+        """Ready its streams (on the node's loop)."""
+
     # records
     def alive(self) -> bool: ...
 
@@ -228,6 +231,9 @@ class MemoryTransport:
         with self.swarm.lock:
             found = {sub: v for sub, (v, until) in self.swarm.records.get(dht_key, {}).items() if until > now}
         return _done(found)
+
+    async def start(self) -> None:
+        pass
 
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
         with self.swarm.lock:

@@ -35,7 +35,7 @@ def learner_report(**change) -> LearnerReport:
         run_id="test", peer_id="12D3KooWlearner", version=7, acc=0.5, reward=0.25, throughput=1.5, queue_depth=3,
         other_learners=1, max_staleness=CFG.staleness.max_staleness, counts=counts, lags={0: 4, 1: 2, 3: 1},
         bytes_in=5000, weights_bytes_served=123456, weights_uploads=3, weights_bad_requests=0, dht_errors=2,
-        rounds_saturated=0, membership={"hello_failed": 1}, spot={"spot/passed": 5, "spot/failed": 1},
+        rounds_saturated=0, membership={"membership/hello_failed": 1}, spot={"spot/passed": 5, "spot/failed": 1},
         bans_and_limits={"trust/banned_peers": 1, "trust/bans": 2, "trust/refused_banned/rollout": 4},
         authority={"untrusted/policy_record": 1}), **change})
 
