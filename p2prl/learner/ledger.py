@@ -77,6 +77,14 @@ class OwnGroupFiles:
         path.rename(lost)
         return lost
 
+    def unlose(self, path: Path, v: int) -> Path | None:
+        """Make the lost file ``path`` version ``v``'s file again (None if ``v`` has one); its new path."""
+        back = self.folder / f"{v}.msgpack"
+        if back.exists():
+            return None
+        path.rename(back)
+        return back
+
     def remove(self, path: Path) -> None:
         path.unlink(missing_ok=True)
 
@@ -113,11 +121,17 @@ class GroupLedger:
                 self.trained_at[line["version"]] = ([gid for gid, _, _ in line["groups"]], [])
         known_lost = set(saved.get("lost_files", []))
         for path, u, lost in self.own.files():
-            if lost and path.name not in known_lost:
-                # lost after this checkpoint was written (the process died before writing the next): the
-                # checkpoint still counts the lost fork's groups as trained, so every one is retrained
-                self._retrain(self._read(path), path, force=True)
-            elif lost or u > version:
+            if lost and path.name not in known_lost and u <= version:
+                # lost after this checkpoint was written: the process died between loading another learner's
+                # state and checkpointing it, so these weights are the lost history's again and hold the file's
+                # groups. It is version u's own groups again (retrained if this history loses once more);
+                # retrained on top of these weights, they were in its chain twice.
+                back = self.own.unlose(path, u)
+                if back is not None:
+                    groups = self._read(back)
+                    self.trained_at[u] = (self.trained_at.get(u, ([g.group_id for g in groups], []))[0], groups)
+                    continue
+            if lost or u > version:
                 self._retrain(self._read(path), path)
             elif u in self.trained_at:
                 self.trained_at[u] = (self.trained_at[u][0], self._read(path))
@@ -238,13 +252,11 @@ class GroupLedger:
             log.warning("could not read %s: %s", path, e)
             return []
 
-    def _retrain(self, groups: list[RolloutGroup], lost: Path | None, force: bool = False) -> None:
+    def _retrain(self, groups: list[RolloutGroup], lost: Path | None) -> None:
         """Train ``groups`` again, first and whatever their age; ``lost`` holds them on disk. Groups of the history
-        these weights hold (counted as trained, or in a version not yet confirmed) are left out, unless ``force``
-        (that count is of the history they were lost from)."""
-        if not force:
-            unconfirmed = {gid for u in self.tentative for gid in self.trained_at.get(u, ([], []))[0]}
-            groups = [g for g in groups if self.states.get(g.group_id) != TRAINED and g.group_id not in unconfirmed]
+        these weights hold (counted as trained, or in a version not yet confirmed) are left out."""
+        unconfirmed = {gid for u in self.tentative for gid in self.trained_at.get(u, ([], []))[0]}
+        groups = [g for g in groups if self.states.get(g.group_id) != TRAINED and g.group_id not in unconfirmed]
         lost_ids = {g.group_id for g in groups}  # the file holds them until they are trained, whoever queued them
         # a group already queued (two lost files hold it: lost, retrained, lost again) is queued once
         groups = [g for g in groups if g.group_id not in self.buffer.retrain]

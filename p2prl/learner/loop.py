@@ -64,9 +64,12 @@ from p2prl.tasks import Task, make_task
 log = logging.getLogger("p2prl.learner.core")
 
 
-def truncate_log(path: Path, version: int) -> list[dict]:
-    """Forget training-log lines past ``version`` (they belong to a lost future); the lines kept."""
-    lines = [l for l in read_jsonl(path) if l["version"] <= version]
+def truncate_log(path: Path, version: int, published: dict[int, str] | None = None) -> list[dict]:
+    """Forget training-log lines past ``version`` (they belong to a lost future) and, given the ``published``
+    hashes of the history kept, those of other histories; the lines kept."""
+    published = published or {}
+    lines = [l for l in read_jsonl(path) if l["version"] <= version
+             and published.get(l["version"], l["published"]) == l["published"]]
     path.write_text("".join(json.dumps(l) + "\n" for l in lines))
     return lines
 
@@ -90,8 +93,9 @@ class Learner:
         keep = max(cfg.rounds.history_versions, cfg.staleness.max_staleness)
         self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", limits),
                                   rule=cfg.staleness.rule)
-        self.ledger.restore(saved, self.core.version, truncate_log(self.out / "train_log.jsonl", self.core.version),
-                            time.time())
+        published = {int(u): sha for u, sha in saved.get("published", {}).items()}
+        self.ledger.restore(saved, self.core.version,
+                            truncate_log(self.out / "train_log.jsonl", self.core.version, published), time.time())
         self.buffer, self.counts = self.ledger.buffer, self.ledger.counts
         self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version, cfg.flow.keep_seconds,
                                  int(cfg.flow.keep_mb * 2**20))
@@ -358,11 +362,13 @@ class Learner:
                 self.counts["sync/failed"] += 1
             log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
             return False
+        # on disk at once: a checkpoint of the lost history would count its groups as trained. Its log lines go
+        # after it: a restart from the older checkpoint needs them (that history's versions and own groups)
+        self.checkpoint()
         truncate_log(self.out / "train_log.jsonl", diverged - 1)
         self.train_log.write(json.dumps({"version": got.version, "published": got.sha256, "groups": [],
                                          "loaded_from": peer}) + "\n")
         self.publish(got.weight)
-        self.checkpoint()  # on disk at once: a checkpoint of the lost history would count its groups as trained
         log.info("loaded v%d from learner %s", got.version, peer[-6:])
         return True
 

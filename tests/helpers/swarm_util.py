@@ -131,8 +131,12 @@ def history(learner_dirs: list[Path]) -> list[dict]:
         assert parent in lines, f"no learner logged v{parent[0]} ({parent[1][:8]}), the parent of v{l['version']}"
         chain.append(lines[parent])
     chain.reverse()
-    trained = [gid for l in chain for gid, _, _ in l["groups"]]
-    assert len(trained) == len(set(trained)), "a group was trained in two versions"
+    where: dict[str, list[int]] = {}
+    for l in chain:
+        for gid, _, _ in l["groups"]:
+            where.setdefault(gid, []).append(l["version"])
+    twice = {gid: vs for gid, vs in where.items() if len(vs) > 1}
+    assert not twice, f"{len(twice)} groups trained in two versions (group: versions): {dict(list(twice.items())[:10])}"
     return chain
 
 

@@ -1,9 +1,12 @@
 """The learner's group ledger: acknowledgement, forks and retraining, checkpoint and restart."""
 
+import json
+
 import numpy as np
 import pytest
 
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+from p2prl.metrics import read_jsonl
 from p2prl.rollout.record import Limits, RolloutGroup
 
 KEEP, WINDOW, TTL = 4, 2, 3.0  # versions remembered, staleness window, record lifetime (s)
@@ -199,31 +202,45 @@ def test_the_churn_soak_sequence_a_history_acknowledged_alone_then_lost_is_retra
     assert a.take_size(share, full) == share
 
 
-def test_a_restart_from_a_checkpoint_written_before_the_history_was_lost_retrains_its_groups(tmp_path):
+def test_a_restart_from_a_checkpoint_written_before_the_history_was_lost_keeps_its_groups_once(tmp_path):
     """A second churn-soak sequence: learner A checkpoints v3 of its own fork (v2-v3 acknowledged), loads
     another learner's v5 (its v2-v3 groups move to lost-* files) and is killed before it writes the next
-    checkpoint. Restarted from the checkpoint of the lost fork, which counts those groups as trained, it must
-    still retrain them: a lost file the checkpoint does not know of was lost after it."""
+    checkpoint. Restarted from the checkpoint of the lost fork, its weights hold v2-v3 again: their groups are
+    its own groups of v2-v3 again, not retrained on top of them (they were: the history that went on from
+    there held them twice), and retrained once it loses that history again."""
     a = make_ledger(tmp_path)
     step(a, 1, [group("s/1", 0)], others=["t/1"], confirmed=True)
     step(a, 2, [group("s/2", 1)], confirmed=True)
     step(a, 3, [group("s/3", 2)], confirmed=True)
     stale = a.checkpoint_state()
+    lines = [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)]), log_line(2, [group("s/2", 1)]),
+             log_line(3, [group("s/3", 2)])]
     assert {"s/2", "s/3"} <= set(stale["trained"]) and stale["lost_files"] == []
     theirs = {1: SHA[1], 2: "f" * 64, 3: "e" * 64, 5: "d" * 64}
     assert a.adopt(5, theirs, {"t/1", "s/1", "u/4"}) == 2
     assert len([f for f, _, lost in a.own.files() if lost]) == 2
     assert a.checkpoint_state()["lost_files"] == sorted(f.name for f in a.lost)  # what the next checkpoint says
 
-    again = make_ledger(tmp_path)  # killed before that checkpoint; the log was truncated to v1 by the load
-    again.restore(stale, 3, [log_line(0, []), log_line(1, [group("s/1", 0), group("t/1", 0)])], now=0.0)
-    assert again.states_of(["s/1", "s/2", "s/3"]) == {"s/1": "trained", "s/2": "pending", "s/3": "pending"}
-    assert sorted(again.buffer.retrain) == ["s/2", "s/3"] and again.counts["sync/groups_requeued"] == 2
-    again.checkpointed()
-    assert len([f for f, _, lost in again.own.files() if lost]) == 2  # kept until retrained
+    again = make_ledger(tmp_path)  # killed before that checkpoint (the learner truncates its log after it)
+    again.restore(stale, 3, lines, now=0.0)
+    assert again.states_of(["s/1", "s/2", "s/3"]) == {"s/1": "trained", "s/2": "trained", "s/3": "trained"}
+    assert not again.buffer.retrain and again.counts["sync/groups_requeued"] == 0
+    assert [(u, lost) for _, u, lost in again.own.files()] == [(1, False), (2, False), (3, False)]
+    assert again.adopt(5, theirs, {"t/1", "s/1", "u/4"}) == 2  # the same history wins again: retrained now
+    assert sorted(again.buffer.retrain) == ["s/2", "s/3"]
 
-    known = make_ledger(tmp_path)  # a checkpoint that knows the lost files: its counts stand
-    saved = dict(stale, trained=["s/1", "t/1", "s/3"], lost_files=sorted(f.name for f, _, lost in again.own.files() if lost))
+    truncated = make_ledger(tmp_path / "t")  # the same, with a log that lost the lines of v2-v3
+    assert len([f for f, _, lost in again.own.files() if lost]) == 2
+    truncated.own = again.own
+    truncated.restore(stale, 3, lines[:2], now=0.0)
+    assert not truncated.buffer.retrain and sorted(truncated.trained_at) == [0, 1, 2, 3]
+    assert truncated.adopt(5, theirs, {"t/1", "s/1", "u/4"}) == 2
+    assert sorted(truncated.buffer.retrain) == ["s/2", "s/3"]
+
+    known = make_ledger(tmp_path / "k")  # a checkpoint that knows the lost files: its counts stand
+    known.own = again.own
+    lost_files = sorted(f.name for f, _, lost in again.own.files() if lost)
+    saved = dict(stale, trained=["s/1", "t/1", "s/3"], lost_files=lost_files)
     known.restore(saved, 3, [], now=0.0)
     assert sorted(known.buffer.retrain) == ["s/2"]  # s/3 was retrained and checkpointed before the crash
 
@@ -320,3 +337,15 @@ def test_a_learner_killed_in_a_round_its_partner_completed_retrains_its_share_fr
     loaded.checkpointed()
     assert loaded.states_of(["s/x", "s/y"]) == {"s/x": "trained", "s/y": "trained"}
     assert not [f for f, _, lost in loaded.own.files() if lost]
+
+
+def test_a_restart_keeps_only_the_log_lines_of_the_checkpoints_history(tmp_path):
+    """The learner truncates its log after the checkpoint of a loaded state: a restart from that checkpoint drops
+    the lines of the lost history (their hashes are not the checkpoint's), and those past its version."""
+    from p2prl.learner.loop import truncate_log
+
+    path = tmp_path / "train_log.jsonl"
+    lost = dict(log_line(2, [group("s/2", 1)]), published="f" * 64)
+    path.write_text("".join(json.dumps(l) + "\n" for l in [log_line(1, []), lost, log_line(3, []), log_line(4, [])]))
+    kept = truncate_log(path, 3, {1: SHA[1], 2: SHA[2], 3: SHA[3]})
+    assert [l["version"] for l in kept] == [1, 3] and read_jsonl(path) == kept
