@@ -206,7 +206,7 @@ class GroupLedger:
         another learner (members start from equal weights, so that confirms the history up to
         there), or by standing for two record lifetimes (``6 x heartbeat_s``) with no
         higher-ranked record seen by the learner's catch-up. A learner that knows of no other
-        (and has been up for that long, so that it would) is confirmed at once.
+        (and whose look-ups found none for a heartbeat period, so that it would) is confirmed at once.
         """
         for u in sorted(x for x, t in self.tentative.items() if x <= confirmed and t < before):
             del self.tentative[u]

@@ -242,9 +242,8 @@ class Learner:
                 self.ledger.own.write(v, batch)
             except OSError as e:  # a full disk: stop here, before anyone hears of v
                 raise disk_error(self.out, e, f"the training log and own groups of v{v}") from e
-            # alone: confirmed at once only once we have been around long enough to have heard of the others
-            settled_in = time.time() - self.started > 2 * self.node.ttl
-            confirmed = r.learners > 1 or (not self.membership.known and settled_in)
+            # alone: confirmed at once once a heartbeat period of look-ups found no other learner
+            confirmed = r.learners > 1 or self.membership.alone(time.time())
             with self.lock:
                 self.ledger.record(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
             self.epoch += 1

@@ -41,6 +41,7 @@ class Membership:
         self.known: dict[str, float] = {}  # learner -> when it last answered (or was first heard of)
         self.policies: dict[str, PolicyRecord] = {}  # learner -> its latest record, as it told us
         self.others: list[str] = []  # the run's other live learners
+        self.alone_since: float | None = None  # the first of the heartbeats since which nobody else was found
         self.counts: Counter[str] = Counter()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -87,6 +88,14 @@ class Membership:
         with self.lock:
             self.others = [p for p, t in self.known.items()
                            if now - t <= 2 * self.node.ttl and self.node.trust.authorized(p)]
+            self.alone_since = None if self.known else self.alone_since or now
+
+    def alone(self, now: float) -> bool:
+        """Whether this learner is the run's only one: the heartbeats of a whole heartbeat period (two DHT look-ups
+        at least) found no other, and it knows of none. A live learner re-announces itself every heartbeat, so a
+        learner that joins a running run finds it at its first look-up."""
+        with self.lock:
+            return not self.known and self.alone_since is not None and now - self.alone_since >= self.heartbeat_s
 
     def hello(self, peer: str, now: float) -> None:
         """Ask ``peer`` for its record and the learners it knows; forget it once silent for too long."""

@@ -61,7 +61,7 @@ def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowle
     for t in threads:
         t.start()
     try:
-        # versions stepped alone are acknowledged once the learner has been up for two record lifetimes (3 s here)
+        # versions stepped alone are acknowledged once a heartbeat period of look-ups found no other learner
         deadline = time.monotonic() + 60
         while sampler.view.counts.get("acked/trained", 0) < 8 and time.monotonic() < deadline:
             time.sleep(0.1)

@@ -68,6 +68,27 @@ def test_failed_hellos_are_counted_and_logged_rate_limited(caplog):
     assert m.known == {} and m.counts["hello_failed"] == 8
 
 
+def test_a_learner_is_alone_once_a_heartbeat_period_of_look_ups_found_no_other(monkeypatch):
+    """What confirms a lone learner's versions at once: no other learner found by the look-ups of a whole heartbeat
+    period (not a fixed two record lifetimes from its start: a fast sampler's outbox filled before that)."""
+    clock = [100.0]
+    monkeypatch.setattr("p2prl.swarm.membership.time.time", lambda: clock[0])
+    node = FakeNode()
+    found = [SimpleNamespace(peer_id="me")]
+    node.peers = lambda role: found
+    m = Membership(node, 5.0, own_record=lambda: None, latest=lambda: None)
+    assert not m.alone(100.0)
+    m.heartbeat()  # the first look-up found nobody: not yet
+    assert not m.alone(104.9)
+    clock[0] = 105.0
+    m.heartbeat()
+    assert m.alone(105.0)
+    found.append(SimpleNamespace(peer_id="other"))  # another learner appears: no longer alone, whatever its answers
+    clock[0] = 110.0
+    m.heartbeat()
+    assert not m.alone(110.0) and m.known == {"other": 110.0}
+
+
 def test_a_hello_reply_tells_the_record_and_other_learners():
     rec = PolicyRecord(version=3, sha256="ab" * 32, size=10, weight=4)
     m = Membership(FakeNode(pack({"policy": rec.encode(), "learners": ["third", "me", 5, "x" * 200]})), 1.0,
