@@ -207,6 +207,9 @@ def test_groups_of_a_lost_history_are_retrained(peers, tmp_path):
     assert last_json(peers.log("b2"))["admission"]["sync/groups_requeued"] >= len(b_acked)
 
 
+LEARNED_BY = 120  # the soak model is past base + 0.1 by then (base 0.27; 0.55-0.63 at v80, 0.81-0.84 at v100 in 3 soaks)
+
+
 @pytest.fixture(scope="module")
 def soak(tmp_path_factory):
     """About three minutes of random SIGKILLs and restarts of samplers and learners (seeded).
@@ -260,11 +263,12 @@ def churn(peers: Peers, tmp_path: Path) -> dict:
         start(name)
     # a learner whose history lost to another's keeps its groups of it (acknowledged to their samplers) in
     # own_groups/lost-* until they are retrained and checkpointed: the churn is over once both learners have
-    # stepped on together and no such backlog is left
-    v_end = max(last_version(d) for d in learners.values())
-    wait_for(lambda: min(last_version(d) for d in learners.values()) >= v_end + 10
+    # stepped on together, past the versions the model needs to learn (however few the churn reached on a
+    # loaded machine), and no such backlog is left
+    v_end = max(max(last_version(d) for d in learners.values()) + 10, LEARNED_BY)
+    wait_for(lambda: min(last_version(d) for d in learners.values()) >= v_end
              and not any(f for d in learners.values() for f in (d / "own_groups").glob("lost-*")),
-             240, "both learners to step on and retrain every group of a lost history")
+             360, "both learners to step on and retrain every group of a lost history")
     codes = {name: peers.stop(name) for name in [*samplers, *learners]}
     head = max(learners.values(), key=last_version)
     return {"codes": codes, "dirs": list(learners.values()), "acks": list(acks.values()), "head": head}
@@ -274,7 +278,7 @@ def churn(peers: Peers, tmp_path: Path) -> dict:
 def test_churn_soak_keeps_one_history_that_improves(soak):
     assert set(soak["codes"].values()) == {0}, soak["codes"]
     chain = history(soak["dirs"])  # every learner's log joins one chain; no group trained twice in it
-    assert chain[-1]["version"] >= 40, chain[-1]["version"]
+    assert chain[-1]["version"] >= LEARNED_BY, chain[-1]["version"]
     accs = [m["eval/heldout_acc"] for m in read_jsonl(soak["head"] / "metrics.jsonl") if "eval/heldout_acc" in m]
     base = json.loads((soak["head"] / "checkpoint" / "state.json").read_text())["base_acc"]
     assert accs and accs[-1] > base + 0.1, (base, accs[-5:])
