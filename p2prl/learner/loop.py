@@ -116,7 +116,7 @@ class Learner:
                               self.min_upload_bps)
         # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
         verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
-                            cfg.net.run_id, s.group_size, s.max_new_tokens)
+                            cfg.net.run_id, s.group_size, s.max_new_tokens, task_seed=cfg.task.seed)
         self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.ledger, verifier, self.spot,
                                     self.reputation, lambda: self.core.version, lambda: self.latest,
                                     lambda: 1 + len(self.membership.others))

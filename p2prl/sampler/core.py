@@ -11,6 +11,7 @@ from p2prl.policy import Policy
 from p2prl.policy.backends.base import Generator
 from p2prl.policy.backends.hf import HFGenerator
 from p2prl.rollout.record import RolloutGroup
+from p2prl.rollout.verify import assigned_prompt_id
 from p2prl.tasks import Task, render_prompt
 
 
@@ -36,12 +37,9 @@ class SamplerCore:
         return int.from_bytes(h.digest(), "little") & 0x7FFF_FFFF
 
     def own_prompt_ids(self, n: int) -> list[int]:
-        """The next ``n`` prompt ids of this sampler's deterministic stream (swarm samplers)."""
-        out = []
-        for i in range(self.groups_made, self.groups_made + n):
-            h = hashlib.blake2b(f"{self.cfg.task.seed}:{self.prefix}:{i}".encode(), digest_size=5)
-            out.append(int.from_bytes(h.digest(), "little"))
-        return out
+        """The prompt ids the run assigns to this sampler's next ``n`` groups (swarm samplers: learners check them)."""
+        return [assigned_prompt_id(self.cfg.task.seed, self.prefix, i)
+                for i in range(self.groups_made, self.groups_made + n)]
 
     def rollout(self, prompt_ids: list[int]) -> list[RolloutGroup]:
         """One group per prompt id, all generated with the current version."""

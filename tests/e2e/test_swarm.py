@@ -123,7 +123,7 @@ def test_hostile_peer_is_rejected_and_counted(peers, tmp_path):
         "malformed": "malformed", "oversized": "oversized", "unknown_run": "unknown_run",
         "unpublished_version": "future_version", "wrong_hash": "weights_mismatch", "outside_window": "stale",
         "nonfinite_logprobs": "bad_logprobs", "token_out_of_vocab": "bad_token", "lying_reward": "reward_mismatch",
-        "foreign_group_id": "wrong_sender",
+        "foreign_group_id": "wrong_sender", "chosen_prompt": "prompt_not_assigned",
     }
     for case, reason in expected.items():
         assert replies[case] == ["rejected", reason], (case, replies[case])

@@ -12,6 +12,7 @@ import numpy as np
 from p2prl.config import NetConfig
 from p2prl.policy import load_policy
 from p2prl.rollout.record import RolloutGroup, encode_group
+from p2prl.rollout.verify import assigned_prompt_id
 from p2prl.swarm.node import SwarmNode, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 from p2prl.tasks.addition import AdditionTask
@@ -32,7 +33,7 @@ try:
     def group(**change) -> RolloutGroup:
         global n
         n += 1
-        prob = task.problem(n)
+        prob = task.problem(assigned_prompt_id(0, f"{node.peer_id}/h", n))  # the run's task.seed (default 0)
         answers = [str(prob.answer), "7", str(prob.answer), "12"]
         rows = [tok(a).input_ids + [tok.eos_token_id] for a in answers]
         T = max(map(len, rows))
@@ -40,7 +41,7 @@ try:
         for i, r in enumerate(rows):
             tokens[i, : len(r)] = r
         g = RolloutGroup(
-            group_id=f"{node.peer_id}/h/{n}", run_id=run_id, prompt_id=n, policy_version=rec.version,
+            group_id=f"{node.peer_id}/h/{n}", run_id=run_id, prompt_id=prob.prompt_id, policy_version=rec.version,
             weights_sha256=rec.sha256, prompt_ids=np.array(tok(prob.prompt).input_ids, np.int32), tokens=tokens,
             lengths=np.array([len(r) for r in rows], np.int32), logq=np.full((4, T), -0.5, np.float32),
             rewards=np.array([float(a == str(prob.answer)) for a in answers], np.float32), sampler=node.peer_id,
@@ -64,6 +65,14 @@ try:
         g.rewards[:] = 1.0
         return g
 
+    def chosen_prompt():  # a prompt it likes, honestly generated and scored, instead of the one assigned
+        g = group()
+        prob = task.problem(g.prompt_id + 1)
+        g.prompt_id, g.prompt_ids = prob.prompt_id, np.array(tok(prob.prompt).input_ids, np.int32)
+        g.rewards = np.array([float(task.score(prob, tok.decode(r[:k], skip_special_tokens=True)))
+                              for r, k in zip(g.tokens, g.lengths)], np.float32)
+        return g
+
     cases = {
         "malformed": b"\x93\x01\x02garbage",
         "oversized": b"\x00" * 50_000,
@@ -75,6 +84,7 @@ try:
         "token_out_of_vocab": encode_group(bad_tokens()),
         "lying_reward": encode_group(lying_reward()),
         "foreign_group_id": encode_group(group(group_id="12D3KooWsomeoneelse/1")),
+        "chosen_prompt": encode_group(chosen_prompt()),
         "honest": encode_group(group()),
     }
     replies = {}

@@ -35,6 +35,22 @@ def verifier(builtin_policy):
     return Verifier(AdditionTask(), builtin_policy.tokenizer, builtin_policy.vocab_size, "run", 3, 8)
 
 
+def test_a_group_must_carry_the_prompt_the_run_assigned_to_its_group_id(builtin_policy, tok):
+    """Swarm samplers draw each group's prompt from a hash of (task seed, their session, the group counter): a
+    sampler that picks the prompts it likes (and withholds the groups it dislikes) is refused."""
+    from p2prl.rollout.verify import assigned_prompt_id
+
+    task = AdditionTask()
+    v = Verifier(task, tok, builtin_policy.vocab_size, "run", 3, 8, task_seed=7)
+    assigned = assigned_prompt_id(7, "peer/sess", 41)
+    assert v.check(make_group(tok, task, prompt_id=assigned, gid="peer/sess/41")).prompt_id == assigned
+    for gid, prompt_id in [("peer/sess/41", assigned + 1), ("peer/sess/42", assigned),
+                           ("peer/sess/x41", assigned), ("peer/sess/" + "1" * 13, assigned)]:
+        with pytest.raises(RecordError, match="prompt_not_assigned"):
+            v.check(make_group(tok, task, prompt_id=prompt_id, gid=gid))
+    assert assigned_prompt_id(8, "peer/sess", 41) != assigned  # another run's seed assigns another prompt
+
+
 def test_roundtrip(tok):
     g = make_group(tok, AdditionTask())
     h = decode_group(encode_group(g))
