@@ -372,6 +372,10 @@ class TrustConfig(_Section):
     off. A check is one forward pass over the group, measured at up to a third of the learner's gradient on it, so 0.1
     adds up to about 3% learner compute, and a forger sending n groups goes unseen with probability 0.9^n (n = 22:
     10%)."""
+    spot_check_first: int = Field(4, ge=0, le=1_000_000)
+    """Learners, with spot checks on: the first this many groups of every sampler (peer id) are checked whatever
+    trust.spot_check_fraction picks, so a sampler that forges from its start is caught at its first group, and a fresh
+    peer id does not come with an unchecked budget."""
     spot_check_tolerance: float = Field(0.0, ge=0.0, le=100.0)
     """Learners: a checked group is rejected (reason logprob_mismatch) when one of its completions' mean |logq - logp|
     over its tokens exceeds this (nats per token); 0 = the measured default 0.08 (docs/results.md, section spot_check:
@@ -393,6 +397,11 @@ class TrustConfig(_Section):
     """A peer with this many rejections that cannot be honest mistakes (malformed, oversized, bad tokens, wrong rewards,
     bad log-probs, wrong sender, bad requests; never stale, future-version, duplicate, unknown-version or hash-mismatch
     records) within trust.ban_window_s is banned (learners)."""
+    ban_at_once: bool = True
+    """Learners: a rejection that cannot be honest and is unambiguous bans the peer at once instead of counting toward
+    trust.ban_threshold: a prompt that is not the one assigned to the group, a log-prob deviation over twice the spot
+    check's tolerance, a reward that differs from the learner's recompute on a task whose rewards are deterministic (not
+    math-verify's, where a check that times out at the learner scores 0)."""
     ban_window_s: float = Field(60.0, gt=0.0, le=30 * 86400.0)
     """The window in which trust.ban_threshold rejections ban a peer."""
     ban_s: float = Field(600.0, gt=0.0, le=365 * 86400.0)

@@ -78,10 +78,11 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def group_totals(counts: dict, trained: int) -> dict[str, int]:
-    """Groups trained, dropped as stale (in the queue, or on arrival: the staleness rule at work) and
-    rejected (every other reason) from admission counts."""
+    """Groups trained, dropped (as stale, in the queue or on arrival: the staleness rule at work; or waiting when their
+    sampler was banned) and rejected (every other reason) from admission counts."""
     stale = int(counts.get("rejected/stale", 0))
-    return {"trained": trained, "dropped": int(counts.get("dropped_stale", 0)) + stale,
+    dropped = int(counts.get("dropped_stale", 0) + counts.get("dropped_banned", 0)) + stale
+    return {"trained": trained, "dropped": dropped,
             "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/"))) - stale}
 
 

@@ -80,7 +80,7 @@ class RolloutIntake:
             with self.lock:
                 self.ledger.check(g, self.version())
             self.verifier.check(g)  # recomputes the rewards
-            if self.spot.wants(g.group_id):
+            if self.spot.wants(g.group_id, peer):
                 self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
             with self.lock:
                 self.ledger.admit(g, self.version())
@@ -89,10 +89,12 @@ class RolloutIntake:
         except RecordError as e:
             if e.reason == "duplicate":
                 return "duplicate", ""
-            self.reputation.reject(peer, e.reason)
+            banned = self.reputation.reject(peer, e.reason, e.certain)
             with self.lock:
                 self.counts[f"rejected/{e.reason}"] += 1
                 n = self.counts[f"rejected/{e.reason}"]
+                if banned:  # its groups still waiting are not trained (answered dropped)
+                    self.counts["dropped_banned"] += self.ledger.drop_sampler(peer)
             # stale data is the staleness rule at work and future versions mean this learner is catching up;
             # anything else is a warning, logged for the first few of each reason and then every 100th
             # (a bad peer cannot flood the log)

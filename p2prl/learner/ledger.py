@@ -175,6 +175,15 @@ class GroupLedger:
     def states_of(self, ids: list[str]) -> dict[str, str]:
         return {i: self.states.get(i, "unknown") for i in ids}
 
+    def drop_sampler(self, sampler: str) -> int:
+        """Drop the waiting groups of ``sampler`` (just banned), never to be trained here; how many. Groups of a lost
+        history waiting to be retrained stay: they were trained and acknowledged before."""
+        ids = {g.group_id for g in self.buffer.pending if g.sampler == sampler}
+        self.buffer.forget_trained(ids)  # out of the buffer, a resend is a duplicate
+        for gid in ids:
+            self.states[gid] = DROPPED
+        return len(ids)
+
     def _dropped(self, g: RolloutGroup) -> None:
         self.states[g.group_id] = DROPPED
 

@@ -77,8 +77,9 @@ def families(r: LearnerReport) -> list:
     """The learner's Prometheus families (``p2prl.prom``)."""
     by = prom.split_counts(r.counts)
     groups = {("trained", ""): sum(r.lags.values())}
-    groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if k[0] != "dropped_stale"})
+    groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if not k[0].startswith("dropped_")})
     groups[("dropped", "stale")] = r.counts.get("dropped_stale", 0)
+    groups[("dropped", "banned")] = r.counts.get("dropped_banned", 0)
     groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
     trust = {**{f"trust/{k}": n for k, n in r.authority.items()}, **r.bans_and_limits, **r.spot}
     return [

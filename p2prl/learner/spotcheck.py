@@ -112,7 +112,7 @@ class SpotChecker:
 
     def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes):
         t = cfg.trust
-        self.fraction = t.spot_check_fraction
+        self.fraction, self.first = t.spot_check_fraction, t.spot_check_first
         self.tolerance = t.spot_check_tolerance or DEFAULT_TOLERANCE
         self.temperature = cfg.sampling.temperature
         self.pad_id, self.salt = pad_id, salt
@@ -124,6 +124,7 @@ class SpotChecker:
         self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, max_passed
         self.counts: Counter[str] = Counter()
         self.failed_by_sampler: Counter[str] = Counter()
+        self.seen: OrderedDict[str, int] = OrderedDict()  # sampler -> groups offered for a check (``first``)
         self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
         eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
         if self.fraction > 0 and self.tolerance >= math.log1p(eps):
@@ -143,8 +144,16 @@ class SpotChecker:
             while len(self._versions) > 1 and (len(self._versions) > self.keep_n or size > self.keep_bytes):
                 size -= len(self._versions.popitem(last=False)[1][1])
 
-    def wants(self, group_id: str) -> bool:
-        return self.model is not None and selected(self.salt, group_id, self.fraction)
+    def wants(self, group_id: str, sampler: str) -> bool:
+        """Whether to check this group: one of ``sampler``'s first ``first``, or picked by the keyed hash."""
+        if self.model is None:
+            return False
+        with self._lock:
+            n = self.seen.pop(sampler, 0)
+            self.seen[sampler] = n + 1  # most recent last
+            if len(self.seen) > MAX_SAMPLERS:
+                self.seen.popitem(last=False)
+        return n < self.first or selected(self.salt, group_id, self.fraction)
 
     def check(self, g: RolloutGroup) -> str:
         """``PASSED`` or ``SKIPPED`` (its version's weights are gone); raises ``RecordError("logprob_mismatch")``."""
@@ -164,8 +173,9 @@ class SpotChecker:
             self.failed_by_sampler[g.sampler] += 1
             if len(self.failed_by_sampler) > MAX_SAMPLERS:
                 del self.failed_by_sampler[next(iter(self.failed_by_sampler))]
+        # twice the tolerance is far beyond any honest sampler measured (docs/results.md, section spot_check)
         raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance {self.tolerance:.3g} "
-                                              f"at v{g.policy_version}")
+                                              f"at v{g.policy_version}", certain=deviation > 2 * self.tolerance)
 
     @torch.no_grad()
     def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:

@@ -17,11 +17,12 @@ SCHEMA = 1
 
 
 class RecordError(ValueError):
-    """A record rejected at the boundary; ``reason`` is a metric-friendly code."""
+    """A record rejected at the boundary; ``reason`` is a metric-friendly code; ``certain``: no honest peer sends such a
+    record, whatever its machine or timing (the learner may ban at once)."""
 
-    def __init__(self, reason: str, detail: str = ""):
+    def __init__(self, reason: str, detail: str = "", certain: bool = False):
         super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
+        self.reason, self.certain = reason, certain
 
 
 @dataclass(frozen=True)

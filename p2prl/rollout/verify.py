@@ -48,15 +48,17 @@ class Verifier:
         if self.task_seed is not None:
             session, _, n = g.group_id.rpartition("/")
             if not (n.isascii() and n.isdigit() and len(n) <= MAX_COUNTER_DIGITS):
-                raise RecordError("prompt_not_assigned", "the group id ends in no group counter")
+                raise RecordError("prompt_not_assigned", "the group id ends in no group counter", certain=True)
             if g.prompt_id != assigned_prompt_id(self.task_seed, session, int(n)):
-                raise RecordError("prompt_not_assigned", f"prompt {g.prompt_id} is not the one assigned to group {n}")
+                raise RecordError("prompt_not_assigned", f"prompt {g.prompt_id} is not the one assigned to group {n}",
+                                  certain=True)
         expected = render_prompt(self.tokenizer, self.task, self.task.problem(g.prompt_id))
         if g.prompt_ids.tolist() != expected:
             raise RecordError("prompt_mismatch", f"prompt {g.prompt_id} does not match its id")
         rewards = self.rewards(g)
         if not np.allclose(rewards, g.rewards, atol=1e-6):
-            raise RecordError("reward_mismatch", f"claimed {g.rewards.tolist()} != {rewards.tolist()}")
+            raise RecordError("reward_mismatch", f"claimed {g.rewards.tolist()} != {rewards.tolist()}",
+                              certain=self.task.deterministic_rewards)
         return g
 
     def rewards(self, g: RolloutGroup) -> np.ndarray:

@@ -5,7 +5,9 @@ honest peer can cause (``HONEST``: a record that aged out of the window, one fro
 learner has not reached or does not know, a resent duplicate) are counted but never ban; every
 other reason (malformed or oversized data, bad tokens, wrong rewards, bad log-probs, wrong sender,
 bad requests, and any reason added later) does. A peer with ``trust.ban_threshold`` of those
-within ``trust.ban_window_s`` is banned for ``trust.ban_s``, doubled on each later ban up to
+within ``trust.ban_window_s``, or one rejection that no honest peer can cause (``certain``: a prompt
+not assigned, a far-off log-prob, a wrong deterministic reward; ``trust.ban_at_once``), is banned
+for ``trust.ban_s``, doubled on each later ban up to
 ``trust.max_ban_s``. Bans are logged once, kept in ``bans.json`` (written atomically) and loaded
 at restart, expired ones dropped. Peer ids are libp2p's authenticated stream ids.
 """
@@ -54,8 +56,9 @@ class Reputation:
         if path is not None:
             self._load()
 
-    def reject(self, peer: str, reason: str) -> bool:
-        """Count a rejection of ``peer``'s record or request; True if it banned the peer now."""
+    def reject(self, peer: str, reason: str, certain: bool = False) -> bool:
+        """Count a rejection of ``peer``'s record or request; True if it banned the peer now. ``certain``: no honest
+        peer could have caused it (a ban at once, with ``trust.ban_at_once``)."""
         now = self.clock()
         with self.lock:
             p = self.peers.pop(peer, None) or _Peer()
@@ -68,7 +71,7 @@ class Reputation:
             p.recent.append(now)
             while p.recent and p.recent[0] < now - self.cfg.ban_window_s:
                 p.recent.popleft()
-            if len(p.recent) < self.cfg.ban_threshold:
+            if len(p.recent) < self.cfg.ban_threshold and not (certain and self.cfg.ban_at_once):
                 return False
             p.recent.clear()
             p.strikes += 1

@@ -33,6 +33,9 @@ class Task(ABC):
     chat: Literal["auto", "always", "never"] = "never"  # render through the tokenizer's chat template?
     system_prompt: str = ""  # used only with a chat template
     max_answer_tokens: int | None = None  # greedy evaluation length; None = sampling.max_new_tokens
+    # ``score`` gives every machine the same reward, whatever its load (no time-out scores 0): a sampler whose claimed
+    # reward differs cannot be honest
+    deterministic_rewards: bool = True
 
     @abstractmethod
     def problem(self, prompt_id: int) -> Problem:

@@ -109,7 +109,8 @@ def test_hostile_peer_is_rejected_and_counted(peers, tmp_path):
     out = tmp_path / "learner"
     learner = peers.join("learner", "learner", maddr, "train.steps=14", "staleness.max_staleness=1",
                          "flow.max_record_mb=0.01",
-                         "trust.spot_check_fraction=0", out=out)  # its "honest" record has made-up log-probs
+                         "trust.spot_check_fraction=0",  # its "honest" record has made-up log-probs
+                         "trust.ban_at_once=false", out=out)  # each bad record's reason, no ban at its lying reward
     peers.join("s0", "sampler", maddr)
     # hold the learner at one version (no honest data) while the hostile peer sends
     wait_for(lambda: len(read_jsonl(out / "train_log.jsonl")) >= 4, 180, "version 3")

@@ -4,7 +4,7 @@ logq lowered by log(1 + algo.eps) (GEPO's / GRPO's weight p/q at the clip bounda
 N_HONEST as generated.
 
 Usage: python tests/helpers/forging_sampler.py MADDR N_FORGED N_HONEST [section.key=value ...]
-Prints {"forged": {group id: [status, reason]}, "honest": {...}} as JSON.
+Prints {"forged": {group id: [status, reason]}, "honest": {...}} as JSON (["refused", why] once banned).
 """
 
 import json
@@ -18,7 +18,7 @@ import numpy as np
 from p2prl.config import load_config
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.loop import Sampler
-from p2prl.swarm.node import SwarmNode, wait_until
+from p2prl.swarm.node import Refused, SwarmNode, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 
 maddr, n_forged, n_honest = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -38,9 +38,13 @@ try:
     replies = {"forged": {}, "honest": {}}
     for i, g in enumerate(groups):
         # a spot check recomputes the group's log-probs on the learner's admission thread: generous on a loaded machine
-        r = unpack_map(node.request(learner, "rollout", encode_group(g), MAX_CONTROL_BYTES, timeout_s=120),
-                       {"status": str})
-        replies["forged" if i < n_forged else "honest"][g.group_id] = [r["status"], r.get("reason", "")]
+        try:
+            r = unpack_map(node.request(learner, "rollout", encode_group(g), MAX_CONTROL_BYTES, timeout_s=120),
+                           {"status": str})
+            reply = [r["status"], r.get("reason", "")]
+        except Refused as e:  # banned: the learner's node refuses the stream
+            reply = ["refused", str(e)]
+        replies["forged" if i < n_forged else "honest"][g.group_id] = reply
     print(json.dumps(replies), flush=True)
 finally:
     node.shutdown()

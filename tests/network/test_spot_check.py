@@ -24,7 +24,8 @@ def forge(maddr: str, n_forged: int, n_honest: int) -> dict:
 def test_spot_check_every_forged_group_rejected_at_fraction_one(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
-    learner = peers.join("learner", "learner", maddr, "train.steps=2", "trust.spot_check_fraction=1", out=out)
+    learner = peers.join("learner", "learner", maddr, "train.steps=2", "trust.spot_check_fraction=1",
+                         "trust.ban_at_once=false", out=out)  # every forgery caught, none banning
     wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
     replies = forge(maddr, 8, 4)
     assert list(replies["forged"].values()) == [["rejected", "logprob_mismatch"]] * 8
@@ -39,6 +40,25 @@ def test_spot_check_every_forged_group_rejected_at_fraction_one(peers, tmp_path)
     assert "Traceback" not in peers.log("learner")
 
 
+def test_at_default_settings_a_forger_is_caught_at_its_first_group_and_banned_at_once(peers, tmp_path):
+    """trust.spot_check_first checks every sampler's first groups; a deviation over twice the tolerance bans at once,
+    and the forger's later records, forged or not, are refused: none is trained."""
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    learner = peers.join("learner", "learner", maddr, "train.steps=2", out=out)
+    wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
+    replies = forge(maddr, 8, 4)
+    forged, honest = list(replies["forged"].values()), list(replies["honest"].values())
+    assert forged[0] == ["rejected", "logprob_mismatch"], forged
+    assert all(r[0] == "refused" or r == ["rejected", "banned"] for r in forged[1:] + honest), replies
+    peers.join("s0", "sampler", maddr)  # honest data: the learner finishes its run
+    assert learner.wait(timeout=240) == 0, peers.log("learner")
+    summary = last_json(peers.log("learner"))
+    assert summary["trust"]["trust/bans"] == 1 and summary["admission"]["rejected/logprob_mismatch"] == 1, summary
+    trained = {gid for l in read_jsonl(out / "train_log.jsonl") for gid, _, _ in l["groups"]}
+    assert not trained & (set(replies["forged"]) | set(replies["honest"]))
+
+
 @pytest.mark.slow  # CI time: the fraction-one test runs in the default suite
 def test_spot_check_forged_groups_caught_at_the_check_fraction(peers, tmp_path):
     maddr = peers.bootstrap()
@@ -49,7 +69,7 @@ def test_spot_check_forged_groups_caught_at_the_check_fraction(peers, tmp_path):
     # no ban: about 20 of the 40 forgeries are caught, trust.ban_threshold's default, and a banned forger's later
     # groups would be refused before their spot check (this test is about which groups are checked)
     peers.join("learner", "learner", maddr, "trust.spot_check_fraction=0.5", "train.groups_per_step=64",
-               "trust.ban_threshold=1000", out=out)
+               "trust.ban_threshold=1000", "trust.ban_at_once=false", "trust.spot_check_first=0", out=out)
     wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
     n = 40
     forged = forge(maddr, n, 0)["forged"]

@@ -122,7 +122,7 @@ def fake_learner() -> RolloutIntake:
                              buffer=[], counts=Counter())
     flow = load_config(None, ["flow.max_batch_groups=4"]).flow
     latest = PolicyRecord(version=2, sha256="ab" * 32, size=10)
-    learner = RolloutIntake(flow, 4, Limits(max_bytes=1 << 16), passes, passes, SimpleNamespace(wants=lambda gid: False),
+    learner = RolloutIntake(flow, 4, Limits(max_bytes=1 << 16), passes, passes, SimpleNamespace(wants=lambda gid, sampler: False),
                             Reputation(TrustConfig(ban_threshold=10**6)), version=lambda: 2, latest=lambda: latest,
                             learners=lambda: 1)
     learner.room, learner.batch_limit = (lambda peer: 4), 1 << 18

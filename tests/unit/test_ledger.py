@@ -349,3 +349,17 @@ def test_a_restart_keeps_only_the_log_lines_of_the_checkpoints_history(tmp_path)
     path.write_text("".join(json.dumps(l) + "\n" for l in [log_line(1, []), lost, log_line(3, []), log_line(4, [])]))
     kept = truncate_log(path, 3, {1: SHA[1], 2: SHA[2], 3: SHA[3]})
     assert [l["version"] for l in kept] == [1, 3] and read_jsonl(path) == kept
+
+
+def test_a_banned_samplers_waiting_groups_are_dropped_but_not_those_to_retrain(ledger):
+    ledger.admit(group("s/1", 0), 0)
+    ledger.admit(group("s/2", 0), 0)
+    other = group("t/1", 0)
+    other.sampler = "t"
+    ledger.admit(other, 0)
+    ledger.buffer.requeue([group("s/0", 0)], first=True)  # of a lost history: trained and acknowledged before
+    assert ledger.drop_sampler("s") == 2
+    assert ledger.states_of(["s/1", "s/2", "t/1"]) == {"s/1": "dropped", "s/2": "dropped", "t/1": "pending"}
+    assert ids(ledger.buffer.pending) == ["t/1"] and ids(ledger.buffer.first) == ["s/0"]
+    with pytest.raises(Exception, match="duplicate"):
+        ledger.check(group("s/1", 0), 0)  # a resend is a duplicate, never trained

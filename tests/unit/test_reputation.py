@@ -30,6 +30,14 @@ def test_threshold_inside_the_window_bans():
     assert snap["banned"] == 1 and snap["banned_ids"] == ["A"] and snap["bans"] == 1
 
 
+def test_a_rejection_no_honest_peer_causes_bans_at_once():
+    rep = Reputation(CFG, clock=Clock())
+    assert rep.reject("A", "prompt_not_assigned", certain=True) and rep.banned("A")
+    assert not rep.reject("B", "reward_mismatch") and not rep.banned("B")  # not certain: counted toward the threshold
+    lenient = Reputation(TrustConfig(ban_threshold=3, ban_at_once=False), clock=Clock())
+    assert not lenient.reject("A", "prompt_not_assigned", certain=True) and not lenient.banned("A")
+
+
 def test_rejections_spread_beyond_the_window_do_not_ban():
     clock = Clock()
     rep = Reputation(CFG, clock=clock)

@@ -51,6 +51,17 @@ def test_a_group_must_carry_the_prompt_the_run_assigned_to_its_group_id(builtin_
     assert assigned_prompt_id(8, "peer/sess", 41) != assigned  # another run's seed assigns another prompt
 
 
+def test_a_wrong_reward_is_certain_only_where_rewards_are_deterministic(verifier, tok):
+    g = make_group(tok, AdditionTask())
+    g.rewards[:] = 1.0 - g.rewards
+    with pytest.raises(RecordError) as e:
+        verifier.check(g)
+    assert e.value.reason == "reward_mismatch" and e.value.certain
+    from p2prl.tasks.math import MathTask
+
+    assert not MathTask.deterministic_rewards  # math-verify's check can time out (scores 0) on a loaded learner
+
+
 def test_roundtrip(tok):
     g = make_group(tok, AdditionTask())
     h = decode_group(encode_group(g))

@@ -61,6 +61,8 @@ def test_honest_groups_pass_and_clip_boundary_forgeries_are_caught(overrides):
             with pytest.raises(RecordError) as e:
                 checker.check(forged)
             assert e.value.reason == "logprob_mismatch"
+            # log(1.2) = 0.18 per token is over twice the tolerance (0.08): no honest sampler, a ban at once
+            assert e.value.certain
             caught += 1
     assert checker.counts == {PASSED: 8, "failed": caught}
     assert checker.failed_by_sampler == {"s": caught}
@@ -97,6 +99,18 @@ def test_selection_is_the_fraction_and_unpredictable_without_the_salt():
     # another salt (a sampler's guess) agrees with the learner's picks no better than chance: overlap ~ f^2 n
     guess = {i for i in ids if selected(b"\0" * 32, i, f)}
     assert abs(len(picked & guess) - f * f * n) < 4.5 * math.sqrt(n * f * f)
+
+
+def test_the_first_groups_of_every_sampler_are_checked_whatever_the_fraction():
+    cfg = load_config(None, ["trust.spot_check_fraction=0.01", "trust.spot_check_first=3"])
+    model = load_policy("builtin", cfg.model)
+    checker = SpotChecker(model.model, model.pad_id, cfg, SALT)
+    ids = [f"a/{i}" for i in range(40)]
+    picked = [gid for gid in ids if selected(SALT, gid, 0.01)]
+    assert [checker.wants(gid, "a") for gid in ids] == [i < 3 or gid in picked for i, gid in enumerate(ids)]
+    assert [checker.wants(f"b/{i}", "b") for i in range(3)] == [True] * 3  # a fresh peer id starts over
+    off = SpotChecker(model.model, model.pad_id, load_config(None, ["trust.spot_check_first=0"]), SALT)
+    assert [off.wants(gid, "a") for gid in ids] == [selected(SALT, gid, 0.1) for gid in ids]
 
 
 def test_missing_version_weights_are_skipped_and_counted():
@@ -149,7 +163,7 @@ def test_off_keeps_no_model_and_checks_nothing():
     cfg = load_config(None, ["trust.spot_check_fraction=0"])
     checker = SpotChecker(load_policy("builtin").model, 0, cfg, SALT)
     checker.keep(0, "ab", b"x")
-    assert checker.model is None and not checker.wants("s/0") and checker.metrics()["spot/versions_kept"] == 0
+    assert checker.model is None and not checker.wants("s/0", "s") and checker.metrics()["spot/versions_kept"] == 0
 
 
 def test_window_salt_and_scratch_copy(tmp_path):
