@@ -46,7 +46,7 @@ def test_learner_metrics_read_its_counters():
     assert one("p2prl_policy_version") == 7 and one("p2prl_heldout_accuracy") == 0.5 and one("p2prl_reward_mean") == 0.25
     assert one("p2prl_queue_depth") == 3 and one("p2prl_throughput_groups_per_second") == 1.5
     groups = {dict(k)["outcome"] + ":" + dict(k)["reason"]: v for k, v in m["p2prl_groups_total"].items()}
-    assert groups == {"trained:": 7, "admitted:": 9, "dropped:stale": 2, "rejected:stale": 3,
+    assert groups == {"trained:": 7, "admitted:": 9, "dropped:stale": 2, "dropped:banned": 0, "rejected:stale": 3,
                       "rejected:logprob_mismatch": 1}
     rounds = {tuple(v for _, v in k): n for k, n in m["p2prl_rounds_total"].items()}
     assert rounds == {("no_round", ""): 4, ("bad_member", "non_finite"): 1}
