@@ -82,6 +82,12 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("--closed-network", action="store_true",
                     help="relay, NAT probing and IPFS off, on the given --host-maddrs (emulated networks)")
     bs.add_argument("--maddrs-file", default=None, help="also write the visible multiaddrs to this file, one a line")
+    bs.add_argument("--peers-file", default=None, metavar="FILE",
+                    help="peers this node saw (JSON, rewritten every --status-period), dialed again after a restart "
+                    "so that it rejoins the running swarm (default: next to --identity-path, NAME.peers.json)")
+    bs.add_argument("--status-period", type=float, default=30.0, metavar="SECONDS",
+                    help="how often to log the live-peer count, refresh --peers-file and re-dial known peers that "
+                    "are missing from the routing table (default 30)")
     _add_metrics_args(bs)
 
     jn = sub.add_parser(
@@ -393,13 +399,18 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from p2prl.swarm.bootstrap import serve
 
     usable_file(args.identity_path, "--identity-path", read_only_if_exists=True)
+    if args.peers_file:
+        usable_file(args.peers_file, "--peers-file")
     if not 0 <= (args.metrics_port or 0) <= 65535:
         raise _usage(f"--metrics-port {args.metrics_port}: not a TCP port (1-65535, or 0 for off)")
+    if not 1.0 <= args.status_period <= 3600.0:
+        raise _usage(f"--status-period {args.status_period:g}: expected 1-3600 seconds")
     return serve(
         host_maddrs=args.host_maddrs, announce_maddrs=args.announce_maddrs, identity_path=args.identity_path,
         initial_peers=args.initial_peers, loopback=args.loopback, maddrs_file=args.maddrs_file,
         closed_network=args.closed_network, metrics_port=args.metrics_port or 0,
-        metrics_host=args.metrics_host or "127.0.0.1",
+        metrics_host=args.metrics_host or "127.0.0.1", peers_file=args.peers_file,
+        status_period_s=args.status_period,
     )
 
 

@@ -1,0 +1,213 @@
+"""A DHT node's book of peers it has seen, on disk, so that a restarted node can dial them again.
+
+Why: hivemind drops a peer from its routing table as soon as one request to it fails, so while a
+bootstrap is down every peer of the swarm forgets it, and nobody pings it when it comes back with the
+same identity and address. Its own routing table starts empty, so joiners through it would see an
+empty swarm for as long as no peer happened to contact it. A restarted node therefore dials the peers
+it knew (this book) and its ``--initial-peers`` itself: each peer that answers a DHT ping puts the node
+back into its own routing table, and a lookup of the node's own id through them fills in the rest.
+
+The book is a small JSON file (``{"version": 1, "peers": [{"peer_id", "maddrs", "seen"}, ...]}``),
+bounded in entries, addresses and bytes, written atomically; a damaged one is ignored with a warning.
+Addresses are the remote addresses of live connections as the p2p daemon reports them: the peers'
+listening addresses, since libp2p dials from its listening port (SO_REUSEPORT); an address that is not
+is merely a dial that fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger("p2prl.peerbook")
+
+MAX_PEERS = 64  # the most recently seen are kept
+MAX_ADDRS = 4  # per peer
+MAX_MADDR_CHARS = 256
+MAX_PEER_ID_CHARS = 128
+MAX_FILE_BYTES = 128 * 1024  # MAX_PEERS * MAX_ADDRS * MAX_MADDR_CHARS plus the JSON around them
+MAX_AGE_S = 7 * 24 * 3600.0  # a peer not seen for a week is dropped: a restart after that finds other ones
+DIAL_TIMEOUT_S = 5.0  # one peer: connect, then a DHT ping
+DIAL_PARALLEL = 16
+DIAL_BUDGET_S = 20.0  # the whole round, so that a book of dead peers cannot hold up a stop or a status line
+
+
+@dataclass(frozen=True)
+class KnownPeer:
+    """A peer the node saw: its base58 peer id, its multiaddrs (no ``/p2p/`` part), when (unix time)."""
+
+    peer_id: str
+    maddrs: tuple[str, ...]
+    seen: float
+
+
+class _Entry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    peer_id: str = Field(min_length=1, max_length=MAX_PEER_ID_CHARS, pattern=r"^[1-9A-HJ-NP-Za-km-z]+$")
+    maddrs: list[Annotated[str, Field(min_length=2, max_length=MAX_MADDR_CHARS, pattern=r"^/")]] = Field(
+        min_length=1, max_length=MAX_ADDRS)
+    seen: float = Field(ge=0.0, le=1e11)
+
+
+class _Book(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    version: Literal[1]
+    peers: list[_Entry] = Field(max_length=MAX_PEERS)
+
+
+def default_path(identity_path: str) -> str:
+    """``<identity without extension>.peers.json``: next to the identity file, since both describe one node."""
+    return os.path.splitext(os.path.abspath(identity_path))[0] + ".peers.json"
+
+
+def load(path: str) -> list[KnownPeer]:
+    """The peers in the book at ``path``; none when there is no book yet or it is damaged (with a warning)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return []
+    except OSError as e:
+        log.warning("peers file %s: %s; starting without it", path, e.strerror or e)
+        return []
+    if len(raw) > MAX_FILE_BYTES:
+        log.warning("peers file %s is over %d bytes, not one this node wrote; ignoring it", path, MAX_FILE_BYTES)
+        return []
+    try:
+        book = _Book.model_validate(json.loads(raw))
+    except (ValueError, ValidationError) as e:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+        log.warning("peers file %s is damaged (%s); ignoring it (it is rewritten at the next status check)",
+                    path, str(e).splitlines()[0][:200])
+        return []
+    return [KnownPeer(e.peer_id, tuple(e.maddrs), e.seen) for e in book.peers]
+
+
+def save(path: str, peers: Sequence[KnownPeer]) -> None:
+    """Write the book atomically (a crash leaves the old one or the new one, never half of one); an entry that
+    ``load`` would reject is left out, so that one odd address cannot cost the node its whole book."""
+    entries = []
+    for p in peers[:MAX_PEERS]:
+        try:
+            entries.append(_Entry(peer_id=p.peer_id, maddrs=list(p.maddrs), seen=p.seen))
+        except ValidationError:
+            log.debug("not saving %r: not a valid entry", p)
+    book = _Book(version=1, peers=entries)
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".peers-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(book.model_dump_json(indent=1))
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def merge(old: Iterable[KnownPeer], seen_now: Iterable[KnownPeer], now: float,
+          exclude: str = "") -> list[KnownPeer]:
+    """The book after a status check: peers seen now first (their new addresses before their old ones), then
+    older entries younger than ``MAX_AGE_S``; most recent first, bounded in peers and addresses."""
+    book: dict[str, KnownPeer] = {}
+    for p in old:
+        if p.peer_id != exclude and now - p.seen <= MAX_AGE_S:
+            book[p.peer_id] = p
+    for p in seen_now:
+        if p.peer_id == exclude or not p.maddrs:
+            continue
+        before = book.get(p.peer_id)
+        addrs = list(dict.fromkeys(p.maddrs + (before.maddrs if before else ())))
+        addrs = [a for a in addrs if 1 < len(a) <= MAX_MADDR_CHARS and a.startswith("/")][:MAX_ADDRS]
+        if addrs:
+            book[p.peer_id] = KnownPeer(p.peer_id, tuple(addrs), now)
+    return sorted(book.values(), key=lambda p: -p.seen)[:MAX_PEERS]
+
+
+def from_maddrs(maddrs: Iterable[str], now: float) -> list[KnownPeer]:
+    """Full multiaddrs (``.../p2p/<peer id>``, as ``--initial-peers`` takes them) as book entries."""
+    by_id: dict[str, list[str]] = {}
+    for m in maddrs:
+        addr, sep, peer_id = m.rpartition("/p2p/")
+        if sep and addr and peer_id:
+            by_id.setdefault(peer_id, []).append(addr)
+    return [KnownPeer(pid, tuple(addrs[:MAX_ADDRS]), now) for pid, addrs in by_id.items()]
+
+
+def table_peers(node) -> set[str]:
+    """Base58 ids of the peers in the node's routing table (DHT servers it heard from)."""
+    return {p.to_base58() for p in node.protocol.routing_table.uid_to_peer_id.values()}
+
+
+async def seen_peers(node) -> list[KnownPeer]:
+    """Peers of the routing table that have a live connection now, with that connection's address.
+
+    Client-mode peers (outbound only) are left out: they are connected but answer no DHT request, so
+    there is no point in dialing them after a restart.
+    """
+    in_table = table_peers(node)
+    now = time.time()
+    return [KnownPeer(info.peer_id.to_base58(), tuple(str(a) for a in info.addrs[:MAX_ADDRS]), now)
+            for info in await node.p2p._client.list_peers()  # hivemind 1.1.12 has no public call for this
+            if info.peer_id.to_base58() in in_table and info.addrs]
+
+
+async def _dial_one(node, peer: KnownPeer, timeout_s: float):
+    """Connect to ``peer`` at its known addresses and DHT-ping it: (its DHT id, its PeerID), or None."""
+    from hivemind.p2p import PeerID
+    from hivemind.utils.multiaddr import Multiaddr
+
+    try:
+        peer_id = PeerID.from_base58(peer.peer_id)
+        maddrs = [Multiaddr(m) for m in peer.maddrs]
+    except Exception as e:  # a base58 or multiaddr decoding error: an entry no dial can use
+        log.debug("skipping %s: %s", peer.peer_id, e)
+        return None
+    try:
+        # hivemind dials a peer id through the p2p daemon's peer store; a restarted daemon has no address for it
+        await asyncio.wait_for(node.p2p._client.connect(peer_id, maddrs), timeout_s)
+    except Exception as e:  # ControlFailure, TimeoutError, OSError: the peer is gone or moved
+        log.debug("could not connect to %s: %s: %s", peer.peer_id, type(e).__name__, e)
+        return None
+    node_id = await node.protocol.call_ping(peer_id)  # it answers: it puts this node back into its table
+    return None if node_id is None else (node_id, peer_id)
+
+
+async def dial(node, peers: Sequence[KnownPeer], *, timeout_s: float = DIAL_TIMEOUT_S,
+               budget_s: float = DIAL_BUDGET_S) -> int:
+    """Dial the ``peers`` that are not in the routing table yet (``DIAL_PARALLEL`` at a time); when any answers,
+    look up this node's own id through them, which fills the table with the swarm's peers nearest to it.
+    Returns how many answered; the whole round takes at most about ``budget_s``."""
+    skip = table_peers(node) | {node.peer_id.to_base58()}
+    addrs: dict[str, dict[str, None]] = {}  # a peer listed twice (an initial peer also in the book): every address
+    for p in peers:
+        if p.peer_id not in skip:
+            addrs.setdefault(p.peer_id, {}).update(dict.fromkeys(p.maddrs))
+    todo = [KnownPeer(pid, tuple(a)[:2 * MAX_ADDRS], 0.0) for pid, a in addrs.items()]
+    if not todo:
+        return 0
+    gate = asyncio.Semaphore(DIAL_PARALLEL)
+
+    async def gated(peer: KnownPeer):
+        async with gate:
+            return await _dial_one(node, peer, timeout_s)
+
+    tasks = [asyncio.ensure_future(gated(p)) for p in todo]
+    done, pending = await asyncio.wait(tasks, timeout=budget_s)
+    for t in pending:
+        t.cancel()
+    answered = dict(t.result() for t in done if not t.cancelled() and t.exception() is None and t.result())
+    if answered:
+        try:
+            await asyncio.wait_for(node.find_nearest_nodes([node.node_id], node_to_peer_id=dict(answered)), timeout_s)
+        except asyncio.TimeoutError:
+            log.debug("the lookup of this node's neighbours took over %.0f s; the table fills as peers call", timeout_s)
+    return len(answered)
