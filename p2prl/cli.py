@@ -99,11 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     jn.add_argument("--role", choices=["sampler", "learner"], required=True)
+    jn.add_argument("--join", action="store_true",
+                    help="learners: add this learner to the run of --run-id that is already training (it waits for "
+                    "the run's learners, then loads its state; net.join). Without it a learner that finds a run of "
+                    "its id refuses to start, unless its train.out_dir was part of that run (a restart)")
     _add_network_args(jn)
     jn.add_argument("--client-mode", action="store_true",
-                    help="outbound connections only (a sampler behind NAT); learners must be reachable")
-    jn.add_argument("--host-maddrs", nargs="+", metavar="MADDR", help="listen addresses (default /ip4/0.0.0.0/tcp/0)")
-    jn.add_argument("--announce-maddrs", nargs="+", metavar="MADDR", help="public addresses to announce")
+                    help="outbound connections only, serving nothing (a sampler behind NAT; one that peers cannot "
+                    "dial back switches to it by itself); learners must be reachable")
+    jn.add_argument("--host-maddrs", nargs="+", metavar="MADDR",
+                    help="listen addresses (default /ip4/0.0.0.0/tcp/0), e.g. /ip4/0.0.0.0/tcp/31400 for a port "
+                    "forwarded to this machine")
+    jn.add_argument("--announce-maddrs", nargs="+", metavar="MADDR",
+                    help="public addresses to announce, e.g. /ip4/<PUBLIC_IP>/tcp/31400 behind port forwarding")
     jn.add_argument("--identity-path", help="private key file for a stable peer id (created when missing)")
     jn.add_argument("--no-progress", action="store_true", help="no progress bar")
     jn.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
@@ -352,6 +360,7 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
     flags = {
         ("algo", "name"): getattr(args, "algo", None),
         ("net", "run_id"): getattr(args, "run_id", None),
+        ("net", "join"): getattr(args, "join", None) or None,
         ("net", "initial_peers"): getattr(args, "initial_peers", None),
         ("net", "loopback"): getattr(args, "loopback", None) or None,
         ("net", "client_mode"): getattr(args, "client_mode", None) or None,
@@ -421,8 +430,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     from p2prl.swarm.dht import stop_on_signals
 
     setup_logging(args.role)
-    if args.log_file:
-        _log_to_file(args.log_file)
+    file_log = _log_to_file(args.log_file) if args.log_file else None
     stop = stop_on_signals()
     if cfg.train.threads:
         import torch
@@ -431,23 +439,33 @@ def _cmd_join(args: argparse.Namespace) -> int:
     if args.role == "sampler" and not (cfg.net.initial_peers or cfg.net.initial_peers_file):
         raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
                      "(the multiaddrs that `p2prl bootstrap` prints)")
+    if args.role == "sampler" and args.join:
+        raise _usage("--join is for learners (a sampler always joins the run of --run-id)")
     if args.role == "learner" and cfg.net.client_mode:
-        raise _usage("a learner must accept connections; --client-mode is for samplers")
+        raise _usage("a learner must accept connections (samplers send it groups and fetch weights from it), so "
+                     "--client-mode is for samplers only. Run the learner on a machine with a public IP, or open a TCP "
+                     "port in its firewall, forward it on your router to it, and pass --host-maddrs "
+                     "/ip4/0.0.0.0/tcp/31400 --announce-maddrs /ip4/<PUBLIC_IP>/tcp/31400 (that port)")
     if args.role == "learner" and cfg.trust.authority and not (cfg.net.identity_path and cfg.trust.run_record):
         raise _usage("with trust.authority set, a learner needs --identity-path FILE (its peer id is what the run "
                      "authority authorizes: `p2prl run add-learner DIR --identity FILE`) and trust.run_record")
     if args.role == "learner":
+        from p2prl.learner.checkpoint import check_disk
         from p2prl.learner.loop import run_learner
 
-        run = lambda: run_learner(cfg, stop, progress=not args.no_progress)  # noqa: E731
+        def run() -> dict:
+            check_disk(cfg)  # no room for its checkpoints: refused before the model loads and the peer joins
+            return run_learner(cfg, stop, progress=not args.no_progress)
     else:
         from p2prl.sampler.loop import run_sampler
 
-        run = lambda: run_sampler(cfg, stop)  # noqa: E731
+        run = lambda: run_sampler(cfg, stop, progress=not args.no_progress)  # noqa: E731
     try:
         summary = run()
     except Exception as e:
         if not stop.is_set():
+            if file_log is not None:
+                _log_error(file_log, e)
             raise
         # asked to stop while starting up: the network went away under a half-started peer
         logging.getLogger("p2prl").info("stopped during start-up (%s)", type(e).__name__)
@@ -455,11 +473,16 @@ def _cmd_join(args: argparse.Namespace) -> int:
     if args.log_file and "summary" in summary.get("paths", {}):
         summary["paths"]["log"] = args.log_file
         Path(summary["paths"]["summary"]).write_text(json.dumps(summary, indent=1) + "\n")
-    _print_summary(summary, args.role, args.json)
+    if args.role == "sampler" and not args.json:
+        from p2prl.sampler.report import format_summary
+
+        print(format_summary(summary), flush=True)
+    else:
+        _print_summary(summary, args.role, args.json)
     return 0
 
 
-def _log_to_file(path: str) -> None:
+def _log_to_file(path: str) -> logging.Handler:
     """Every log line of this peer also goes to ``path`` (appended)."""
     from p2prl.config import usable_file
 
@@ -467,6 +490,26 @@ def _log_to_file(path: str) -> None:
     handler = logging.FileHandler(path)
     handler.setFormatter(logging.getLogger().handlers[0].formatter)
     logging.getLogger().addHandler(handler)
+    return handler
+
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The errors ``main`` reports in one line (exit code 2): what the user can fix, no traceback."""
+    from p2prl.config import ConfigError
+    from p2prl.learner.checkpoint import CheckpointError
+    from p2prl.policy.model import PolicyLoadError
+    from p2prl.prom import MetricsError
+    from p2prl.swarm.dht import BootstrapError
+
+    return ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError
+
+
+def _log_error(handler: logging.Handler, e: Exception) -> None:
+    """The one line that ``main`` prints for an error it reports (stderr: not the --log-file under
+    `p2prl swarm up`) also in the log file; any other error's traceback gets there through the excepthook
+    (``p2prl.log``)."""
+    if isinstance(e, _reported_errors()):
+        handler.handle(logging.getLogger("p2prl").makeRecord("p2prl", logging.ERROR, __file__, 0, "%s", (e,), None))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -569,17 +612,12 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "experiment":
         return _cmd_experiment(args)
-    from p2prl.learner.checkpoint import CheckpointError
-    from p2prl.config import ConfigError
-    from p2prl.policy.model import PolicyLoadError
-    from p2prl.prom import MetricsError
-    from p2prl.swarm.dht import BootstrapError
-
+    reported = _reported_errors()
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
                     "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
         return commands[args.command](args)
-    except (ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError) as e:
+    except reported as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

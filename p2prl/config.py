@@ -163,6 +163,9 @@ class TrainConfig(_Section):
     checkpoint_every: int | None = Field(None, ge=1)
     """Write a checkpoint every this many versions (default: 50 for `p2prl train`, every version for a swarm
     learner)."""
+    check_disk: bool = True
+    """Refuse to start when train.out_dir lacks room for two checkpoints and the run's logs (estimated from the model
+    folder); false skips that check (a write that fails still stops the run, the last good checkpoint kept)."""
     out_dir: str = Field("runs/default")
     """Where metrics.jsonl and checkpoint/ are written."""
     threads: int = Field(0, ge=0, le=1024)
@@ -225,6 +228,11 @@ class NetConfig(_Section):
 
     run_id: str = Field("p2prl-default", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")
     """Name of the training run; DHT keys and records are namespaced by it."""
+    join: bool = Field(False)
+    """Learners (`--join`): add this learner to the run of net.run_id that is already training (it waits for one of
+    its learners, then loads the run's state). Without it a learner that finds learners or a published policy of
+    its run id refuses to start (another person's run under the same id, maybe), unless its train.out_dir was
+    part of that run (its run.json); with no such run it starts it."""
     initial_peers: list[str] = Field(default_factory=list)
     """Bootstrap multiaddrs; any reachable one suffices."""
     host_maddrs: list[str] = Field(default_factory=lambda: ["/ip4/0.0.0.0/tcp/0"])

@@ -130,23 +130,15 @@ def _duration(s: float) -> str:
 
 
 def format_summary(summary: dict, what: str) -> str:
-    """A few lines for a person: accuracy, versions, wall time, groups, where the outputs are."""
-    lines = []
-    if "version" in summary:
-        ran = "already complete" if summary.get("complete_before") else f"in {_duration(summary['wall_s'])}"
-        ended = "finished" if summary["version"] >= summary["steps"] else "stopped"
-        lines.append(f"{what} {ended} at version {summary['version']} of {summary['steps']} {ran}")
-        lines.append(f"  held-out accuracy {summary['base_acc']:.3f} -> {summary['final_acc']:.3f} "
-                     f"(best {summary['best_acc']:.3f})")
-        g = summary["groups"]
-        lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
-    else:  # a sampler
-        made, acked, accepted = (summary.get(k, 0) for k in ("groups_made", "acked/trained", "send/accepted"))
-        lines.append(f"{what} stopped: {made} groups made, {accepted} accepted by learners, {acked} confirmed trained")
-        if summary.get("unsettled"):  # a lone learner confirms a version only after 6 x net.heartbeat_s
-            lines.append(f"  {summary['unsettled']} groups not yet confirmed trained or dropped when it stopped "
-                         "(a learner confirms its versions after a round with another learner, or after 6 x "
-                         "net.heartbeat_s alone)")
+    """A few lines for a person about a training run (a learner's, ``p2prl train``'s): accuracy, versions, wall time,
+    groups, where the outputs are (a sampler's: ``p2prl.sampler.report.format_summary``)."""
+    ran = "already complete" if summary.get("complete_before") else f"in {_duration(summary['wall_s'])}"
+    ended = "finished" if summary["version"] >= summary["steps"] else "stopped"
+    lines = [f"{what} {ended} at version {summary['version']} of {summary['steps']} {ran}",
+             f"  held-out accuracy {summary['base_acc']:.3f} -> {summary['final_acc']:.3f} "
+             f"(best {summary['best_acc']:.3f})"]
+    g = summary["groups"]
+    lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
     names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}
     for k, label in names.items():
         if k in summary.get("paths", {}):

@@ -3,16 +3,24 @@
 Nothing is counted twice: each role hands ``serve_metrics`` a function that snapshots the
 counters it already keeps (under its locks) and turns them into metric families here.
 Every family is prefixed ``p2prl_``; ``p2prl_info`` names the role, run, peer and software.
+The same server answers ``/health`` with 200 and a small JSON body while the peer's process
+is up (for liveness probes: it reads none of the peer's counters, so it answers at once).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import json
 import logging
+import os
 import socket
+import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -43,16 +51,53 @@ def registry_of(collect: Callable[[], Iterable[Metric]]) -> CollectorRegistry:
     return reg
 
 
+HEALTH_PATH = "/health"
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format, *args):  # noqa: A002  (scrapes and probes are not log lines)
+        pass
+
+
+def health_body(started: float) -> bytes:
+    """``/health``'s answer: the peer's process is up (``status``), since when (``uptime_s``), which one."""
+    return json.dumps({"status": "ok", "uptime_s": round(time.monotonic() - started, 1), "pid": os.getpid(),
+                       "software": __version__, "protocol": PROTOCOL_VERSION}).encode()
+
+
+def metrics_app(registry: CollectorRegistry, started: float | None = None):
+    """The WSGI app of the endpoint: ``/health`` (``health_body``), and the metrics of ``registry`` on every other
+    path (``/metrics``, as Prometheus asks)."""
+    metrics = make_wsgi_app(registry)
+    started = time.monotonic() if started is None else started
+
+    def app(environ, start_response):
+        if environ.get("PATH_INFO", "").rstrip("/") == HEALTH_PATH:
+            body = health_body(started)
+            start_response("200 OK", [("Content-Type", "application/json"), ("Content-Length", str(len(body))),
+                                      ("Cache-Control", "no-store")])
+            return [body] if environ.get("REQUEST_METHOD") != "HEAD" else [b""]
+        return metrics(environ, start_response)
+
+    return app
+
+
 def serve_metrics(port: int, host: str, collect: Callable[[], Iterable[Metric]]):
-    """Serve ``collect``'s families on http://host:port/metrics; None when ``port`` is 0. Returns the server
-    (``.shutdown()`` it); a port in use raises ``MetricsError``."""
+    """Serve ``collect``'s families on http://host:port/metrics and ``/health`` (``metrics_app``); None when ``port``
+    is 0. Returns the server (``.shutdown()`` it); a port in use raises ``MetricsError``."""
     if not port:
         return None
     try:
-        server, _thread = start_http_server(port, addr=host, registry=registry_of(collect))
+        family, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][::4]
+
+        class Server(ThreadingWSGIServer):
+            address_family = family
+
+        server = make_server(sockaddr[0], port, metrics_app(registry_of(collect)), Server, handler_class=_Quiet)
     except OSError as e:
         raise MetricsError(f"cannot serve metrics on {host}:{port} (net.metrics_port / --metrics-port): {e}") from None
-    log.info("Prometheus metrics on http://%s:%d/metrics", host, port)
+    threading.Thread(target=server.serve_forever, name="p2prl-metrics", daemon=True).start()
+    log.info("Prometheus metrics on http://%s:%d/metrics (liveness: %s)", host, port, HEALTH_PATH)
     return server
 
 

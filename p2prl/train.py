@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from p2prl.rollout.admission import AdmissionBuffer
-from p2prl.learner.checkpoint import load_checkpoint_policy, save_checkpoint
+from p2prl.learner.checkpoint import check_disk, load_checkpoint_policy, save_checkpoint
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.learner.evaluate import heldout_accuracy
@@ -43,6 +43,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
     if fresh:
         shutil.rmtree(out / "checkpoint", ignore_errors=True)
         (out / "metrics.jsonl").unlink(missing_ok=True)
+    check_disk(cfg, out)  # a disk without room for its checkpoints refuses now, not at the first checkpoint
     torch.manual_seed(t.seed)
 
     task = make_task(cfg.task)

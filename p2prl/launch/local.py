@@ -8,7 +8,9 @@ too (while the bootstrap starts). The peers join the DHT through the multiaddrs 
 ``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own
 session (process group) and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and
 SIGHUP (its terminal closed) this process stops every child before it exits, and every child gets SIGTERM from the
-kernel if this process dies without a word (SIGKILL), so no peer is left behind.
+kernel if this process dies without a word (SIGKILL), so no peer is left behind. A peer that dies before the first
+learner is done (the learner with an error, any other at all: samplers and the bootstrap only stop when told) is
+named with its exit code or signal and the last lines of its log, and the others are stopped.
 Every peer's log goes to ``<out_dir>/logs/``; the first learner works in
 ``<out_dir>/learner/`` (metrics, training log, checkpoint, summary, plot) and its progress
 and end-of-run summary are shown here; further learners use ``<out_dir>/learner1/``, ...
@@ -20,15 +22,18 @@ import os
 import shutil
 import signal
 import sys
+import time
 from importlib import import_module
 from pathlib import Path
 
 from p2prl.config import Config
-from p2prl.launch.procs import ProcessGroups, cli_command, fork_safe, wait_for_file
+from p2prl.launch.procs import ProcessGroups, cli_command, exit_reason, fork_safe, log_tail
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 BOOTSTRAP_TIMEOUT_S = 60
+POLL_S = 0.2
+TAIL_LINES = 20
 
 
 class Stopped(Exception):
@@ -48,6 +53,47 @@ def _starter(swarm: ProcessGroups):
     if fork_safe():
         return swarm.fork
     return lambda name, args, log=True: swarm.spawn(name, cli_command(*args), log=log)
+
+
+def _say(msg: str) -> None:
+    print(f"p2prl swarm up: {msg}", file=sys.stderr, flush=True)
+
+
+def watch(swarm: ProcessGroups, main: str, maddrs_file: Path, may_finish: frozenset[str] = frozenset(),
+          bootstrap_timeout_s: float = BOOTSTRAP_TIMEOUT_S, poll_s: float = POLL_S) -> int:
+    """Wait for child ``main`` (the first learner) to end; its exit code when it ends well. Says where the bootstrap
+    is once ``maddrs_file`` names it. A child that ends first (but one of ``may_finish``, the further learners,
+    ending well), or ``main`` ending with an error, is named with its exit code or signal and the last lines of
+    ``<logs>/<name>.log``; then ``main``'s code, or 1 (128 + the signal when a signal killed it), and the caller
+    stops the others."""
+    deadline, announced = time.monotonic() + bootstrap_timeout_s, False
+    while True:
+        if not announced:
+            text = maddrs_file.read_text().strip() if maddrs_file.exists() else ""
+            if text:
+                print(f"bootstrap at {text.split()[0]}", flush=True)
+                announced = True
+            elif time.monotonic() > deadline and swarm.procs["bootstrap"].poll() is None:
+                _say(f"the bootstrap did not start within {bootstrap_timeout_s:g} s; the last lines of "
+                     f"{swarm.logs / 'bootstrap.log'}:\n{_indent(log_tail(swarm.logs / 'bootstrap.log', TAIL_LINES))}")
+                _say("stopping the other peers")
+                return 1
+        code = swarm.procs[main].poll()
+        if code == 0:
+            return 0
+        dead = {name: c for name, p in swarm.procs.items()
+                if (c := p.poll()) is not None and not (c == 0 and name in may_finish)}
+        if dead:
+            for name, c in sorted(dead.items(), key=lambda item: item[0] != main):  # the learner first
+                log = swarm.logs / f"{name}.log"
+                _say(f"{name} died ({exit_reason(c)}); the last lines of {log}:\n{_indent(log_tail(log, TAIL_LINES))}")
+            _say("stopping the other peers")
+            return 1 if code is None else code if code > 0 else 128 - code
+        time.sleep(poll_s)
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
 
 
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
@@ -70,7 +116,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         import_module("p2prl.swarm.dht")  # hivemind and torch: what the bootstrap needs
 
         start = _starter(swarm)
-        boot = start("bootstrap", [
+        start("bootstrap", [
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
             str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)])
         # the peers start while the bootstrap starts: they join the DHT through the multiaddr it writes
@@ -86,20 +132,17 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         from p2prl.policy.model import preload
 
         preload(cfg.model.path)
-        learner = start("learner", [
+        start("learner", [
             "join", "--role", "learner", *common, *quiet, *(["--json"] if as_json else []),
             "--log-file", str(logs / "learner.log"), *metrics(1), *overrides, f"train.out_dir={out / 'learner'}",
         ], log=False)
-        for i in range(1, n_learners):
-            start(f"learner{i}", ["join", "--role", "learner", *common, "--no-progress",
+        for i in range(1, n_learners):  # the first learner starts the run; these join it (they wait for it)
+            start(f"learner{i}", ["join", "--role", "learner", "--join", *common, "--no-progress",
                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])
         for i in range(n_samplers):
             start(f"sampler{i}", ["join", "--role", "sampler", *common, *metrics(1 + n_learners + i), *overrides])
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
-        maddr = wait_for_file(maddrs_file, boot, BOOTSTRAP_TIMEOUT_S, "the bootstrap").split()[0]
-        print(f"bootstrap at {maddr}", flush=True)
-        code = learner.wait()
-        return code
+        return watch(swarm, "learner", maddrs_file, frozenset(f"learner{i}" for i in range(1, n_learners)))
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
         print(f"{signal.Signals(signum).name}: stopping the local swarm", file=sys.stderr, flush=True)

@@ -211,7 +211,12 @@ def _forked_cli(args: list[str], out: tuple[Path, bool] | None, parent: int, cwd
         os.chdir(cwd)
     random.seed()  # not the parent's sequence, nor a sibling's
     sys.argv = ["p2prl", *args]
-    sys.exit(import_module(CLI_MODULE).main(args))
+    try:
+        code = import_module(CLI_MODULE).main(args)
+    except Exception:  # what a new interpreter does (multiprocessing would print it past the peer's logging)
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    sys.exit(code)
 
 
 class ForkedChild:
@@ -245,6 +250,30 @@ def _terminate(p: subprocess.Popen) -> None:
             p.terminate()
         except ProcessLookupError:
             pass
+
+
+def exit_reason(code: int) -> str:
+    """A child's exit status as a person reads it: ``'exit code 2'``, ``'killed by SIGKILL (...)'``."""
+    if code >= 0:
+        return f"exit code {code}"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    hint = " (out of memory? see dmesg)" if -code == signal.SIGKILL else ""
+    return f"killed by {name}{hint}"
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    """The last ``lines`` lines of the log at ``path`` (its last 64 KiB at most), or a word on why there are none."""
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            text = f.read().decode(errors="replace")
+    except OSError as e:
+        return f"(no log: {e.strerror or e})"
+    tail = [line for line in text.splitlines() if line.strip()][-lines:]
+    return "\n".join(tail) if tail else "(the log is empty)"
 
 
 def wait_for_file(path: Path, proc: subprocess.Popen, timeout_s: float, what: str) -> str:

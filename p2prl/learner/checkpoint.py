@@ -11,20 +11,28 @@ read-only disk) removes ``checkpoint.tmp/`` and raises ``CheckpointError`` namin
 and the free space there, the last good checkpoint untouched; a later start removes a
 ``checkpoint.tmp/`` left by a process killed mid-write and, if it was killed between the two
 renames, takes ``checkpoint.old/`` back (``recover``).
+
+Before a learner (or ``p2prl train``) loads its model, ``check_disk`` estimates the size of its checkpoint
+from the model folder's safetensors headers (the weights, or a LoRA policy's adapters, and AdamW's two
+moments of what is trained) and refuses to start, in one line, when ``train.out_dir`` lacks room for two
+of them (the checkpoint and the next one written beside it) and a margin: a full disk is found before
+any training is done, not at the first checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
+import struct
 from pathlib import Path
 
 import torch
 
 from p2prl.config import Config, free_space
 from p2prl.policy import Policy, load_policy
-from p2prl.policy.model import is_lora
+from p2prl.policy.model import is_lora, model_folder
 from p2prl.policy.weights import load_weights, serialize_weights
 
 ADAPTER_FILE = "adapter.safetensors"
@@ -41,6 +49,79 @@ def disk_error(path: str | Path, e: BaseException, what: str) -> CheckpointError
     reason = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
     return CheckpointError(f"could not write {what} to {path}: {reason} ({free_space(path)} free there); "
                            "free some space or point train.out_dir at a writable disk with room")
+
+
+# what ``check_disk`` asks of train.out_dir: two checkpoints (the last good one and the next, written beside it in
+# checkpoint.tmp/) and half of one more for the estimate's misses, the logs, metrics and own groups of the run
+CHECKPOINT_ROOM = 2.5
+HEADROOM_BYTES = 10_000_000
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _size(n: float) -> str:
+    """Bytes as ``free_space`` writes them: ``'1.2 GB'``, ``'3.4 MB'``."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def _safetensors_shapes(path: Path) -> list[tuple[str, list[int]]]:
+    """(name, shape) of every tensor in a safetensors file, from its header (the weights are not read)."""
+    with path.open("rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return [(k, v["shape"]) for k, v in header.items() if k != "__metadata__"]
+
+
+def checkpoint_bytes(cfg: Config) -> int:
+    """An estimate of the size of a checkpoint of ``cfg``'s policy, from ``model.path`` without loading it: the
+    weights in ``model.dtype`` (a LoRA policy: its adapters, at 4 bytes a number), AdamW's two moments of the same,
+    and the folder's other files (tokenizer, config). A folder without safetensors counts its weight files' bytes."""
+    folder = model_folder(cfg.model.path)
+    weights = [f for pattern in WEIGHT_FILES for f in folder.glob(pattern) if f.is_file()]
+    others = sum(f.stat().st_size for f in folder.iterdir() if f.is_file() and f not in weights)
+    shapes = [s for f in weights if f.suffix == ".safetensors" for s in _safetensors_shapes(f)]
+    m = cfg.model
+    if m.lora_rank:
+        targets = set(m.lora_targets)
+        trained = sum(m.lora_rank * (shape[0] + shape[1]) for name, shape in shapes
+                      if len(shape) == 2 and name.endswith(".weight") and name.rsplit(".", 2)[-2] in targets) * 4
+    elif shapes:
+        trained = sum(math.prod(shape) for _, shape in shapes) * DTYPE_BYTES[m.dtype]
+    else:
+        trained = sum(f.stat().st_size for f in weights)
+    return 3 * trained + others  # the weights and the optimizer's exp_avg and exp_avg_sq
+
+
+def _tree_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
+
+
+def check_disk(cfg: Config, out_dir: str | Path | None = None) -> None:
+    """Refuse to start (``CheckpointError``, one line: the path, the free space, the space needed) when ``out_dir``
+    (default ``train.out_dir``) lacks room for ``CHECKPOINT_ROOM`` checkpoints; what a checkpoint already there
+    (and a partial one that the start removes) takes counts as room."""
+    if not cfg.train.check_disk:
+        return
+    out = Path(out_dir if out_dir is not None else cfg.train.out_dir).expanduser().absolute()
+    try:
+        size = checkpoint_bytes(cfg)
+    except (OSError, ValueError, KeyError):  # a model folder that cannot be read: loading it says what is wrong
+        return
+    final = out / "checkpoint"
+    reclaimed = sum(_tree_bytes(final.with_name(n)) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    needed = max(0, math.ceil(CHECKPOINT_ROOM * size) - reclaimed) + HEADROOM_BYTES
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:  # nothing to measure: the write itself will say
+        return
+    if free < needed:
+        raise CheckpointError(
+            f"train.out_dir={str(out)!r} has {_size(free)} free, and a run of this model needs about {_size(needed)} "
+            f"there (checkpoints of about {_size(size)}: the last good one and the next written beside it, and its "
+            "logs); free some space or point train.out_dir at a disk with room")
 
 
 def save_checkpoint(out_dir: str | Path, policy, optimizer, scheduler, cfg: Config, state: dict) -> Path:

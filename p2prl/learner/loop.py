@@ -57,7 +57,7 @@ from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
-from p2prl.swarm.runconfig import run_config
+from p2prl.swarm.runconfig import join_run, run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.tasks import Task, make_task
 
@@ -427,6 +427,7 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
                      limits=PeerLimits(cfg.trust), trust=trust)
     learner = server = None
     try:
+        join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
         learner = Learner(cfg, node, resumed, task)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
         node.metrics_addr = prom.announced_address(cfg.net, server)

@@ -31,6 +31,7 @@ import logging
 import math
 import random
 import secrets
+import sys
 import threading
 import time
 from collections import Counter
@@ -46,6 +47,7 @@ from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.outbox import Outbox
+from p2prl.sampler.report import SamplerProgress, SamplerSnapshot
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
@@ -148,6 +150,9 @@ class Sampler:
         self.hints: Slot[tuple[str, PolicyRecord]] = Slot()  # (learner, the newest record it named in a reply)
         self.wake = threading.Event()  # a learner named a version newer than ours: look it up now
         self.heard_at = -math.inf  # when a learner's reply last carried its newest record
+        self.newest = 0  # the newest version a learner is known to have published (for the lag shown)
+        self.loads = 0  # versions loaded into the generator (the loop thread's)
+        self.shows_progress = False  # a progress bar shows the version held: loads after the first are DEBUG lines
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord, direct: bool = False) -> bytearray | None:
@@ -161,8 +166,8 @@ class Sampler:
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
             got = fetch_weights(self.node, others + [publisher], rec, parallel)
-        except Exception as e:  # timed out, or the node is stopping
-            log.info("weights v%d: %s", rec.version, type(e).__name__)
+        except Exception as e:  # timed out, or the node is stopping: the next pass tries again
+            log.debug("weights v%d: %s", rec.version, type(e).__name__)
             return None
         if got.bad_hashes:
             with self.lock:
@@ -187,6 +192,7 @@ class Sampler:
         if latest is None:
             return None
         publisher, rec = latest
+        self.saw(rec.version)
         if rec.version <= self.core.version and self.core.weights_sha256:
             return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
@@ -210,7 +216,18 @@ class Sampler:
             log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
             return
         self.next_sync = rec.version + max(1, self.delay.draw())
-        log.info("loaded policy v%d (sha256 %s, verified)", rec.version, rec.sha256[:12])
+        self.loads += 1
+        # on a terminal the progress line shows the version: only the first load is an INFO line there; a log
+        # without a progress bar keeps a line per version loaded (what tests and benchmarks read)
+        routine = self.shows_progress and self.loads > 1
+        log.log(logging.DEBUG if routine else logging.INFO, "loaded policy v%d (sha256 %s, verified)", rec.version,
+                rec.sha256[:12])
+
+    def saw(self, version: int) -> None:
+        """A learner published ``version`` (a record found, a reply's hint, a heartbeat): the lag shown is
+        counted from the newest."""
+        if version > self.newest:
+            self.newest = version  # a race between threads only delays a larger value to the next one
 
     def maybe_sync(self) -> None:
         """Look up, fetch, load and serve a newer version now (before the loop starts; then ``policy_sync``)."""
@@ -264,6 +281,7 @@ class Sampler:
         if not self.node.trust.policy_ok(learner, rec):
             self.node.trust.reject("policy_record", learner)
             return
+        self.saw(rec.version)
         self.hints.put((learner, rec))
         self.wake.set()
 
@@ -370,6 +388,7 @@ class Sampler:
         learners = self.node.peers("learner")
         if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
             self.learners = learners
+        self.saw(max((r.policy_version for r in learners), default=0))
 
     def join_authority_run(self, stop: threading.Event) -> None:
         """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
@@ -389,8 +408,17 @@ class Sampler:
         log.info("run %r: authority %s, %d authorized learners", rec.run_id, self.cfg.trust.authority[:12],
                  len(rec.learners))
 
-    def run(self, stop: threading.Event) -> None:
-        n = self.cfg.train.groups_per_step
+    def snapshot(self) -> SamplerSnapshot:
+        """The numbers the progress line and the log's status line show (the loop thread's)."""
+        counts = self.outbox.counts
+        return SamplerSnapshot(version=self.core.version, newest=max(self.newest, self.core.version),
+                               made=self.core.groups_made, accepted=counts["send/accepted"],
+                               trained=counts["acked/trained"])
+
+    def run(self, stop: threading.Event, progress: bool = False) -> None:
+        """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
+        log once a minute."""
+        self.shows_progress = progress
         if not self.cfg.net.client_mode:  # other samplers fetch from us (the node's limits apply)
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
@@ -417,9 +445,24 @@ class Sampler:
                    for name, target in (("sync", self.policy_sync), ("heartbeat", self.heartbeats))]
         for t in threads:
             t.start()
+        shown = SamplerProgress(progress and not stop.is_set(), log)
+        shown.start(self.snapshot())
+        try:
+            self.generate(stop, shown)
+        finally:
+            shown.close(self.snapshot())
+        self.view = View(dict(self.outbox.counts), len(self.outbox))
+        self.wake.set()  # the sync thread waits for it, or for net.poll_s
+        for t in threads:
+            t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
+
+    def generate(self, stop: threading.Event, shown: SamplerProgress) -> None:
+        """The loop: load what the sync thread fetched, handle replies, send, generate; until ``stop``."""
+        n = self.cfg.train.groups_per_step
         last_poll = 0.0
         while not stop.is_set():
             self.view = View(dict(self.outbox.counts), len(self.outbox))
+            shown.update(self.snapshot())
             # a newer version fetched by the sync thread: loaded here, between rollouts
             if (got := self.fetched.take()) is not None:
                 self.load(*got)
@@ -444,10 +487,6 @@ class Sampler:
                 self.outbox.add(g, encode_group(g))
             self.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
-        self.view = View(dict(self.outbox.counts), len(self.outbox))
-        self.wake.set()  # the sync thread waits for it, or for net.poll_s
-        for t in threads:
-            t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
 
     def all_counts(self) -> dict[str, int]:
         """The outbox's counters as the loop last published them, and the weight fetches' now."""
@@ -475,7 +514,9 @@ class Sampler:
         ]
 
 
-def run_sampler(cfg: Config, stop: threading.Event) -> dict:
+def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
+    """Join, generate and send until ``stop``; the summary of what became of the groups made. ``progress``: a
+    progress bar where stderr is a terminal."""
     # the model loads first: a bootstrap started together with this peer comes up meanwhile
     policy = load_policy(cfg.model.path, cfg.model)
     # other samplers fetch weights from us: per-peer limits, slow readers cut (a client-mode peer serves nobody)
@@ -485,9 +526,9 @@ def run_sampler(cfg: Config, stop: threading.Event) -> dict:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
         node.metrics_addr = prom.announced_address(cfg.net, server)
-        sampler.run(stop)
+        sampler.run(stop, progress=progress and sys.stderr.isatty())
     finally:
         prom.stop_metrics(server)
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), "dht_errors": node.dht_errors,
-            **sampler.all_counts(), **node.trust.counts}
+    return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), **sampler.outbox.whereabouts(),
+            "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts}

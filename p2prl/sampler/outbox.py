@@ -74,6 +74,14 @@ class Outbox:
     def add(self, group: RolloutGroup, data: bytes) -> None:
         self.groups[group.group_id] = Pending(group, data, None)
 
+    def whereabouts(self) -> dict[str, int]:
+        """Where the groups still here are: with a learner that has not yet reported them trained, dropped or
+        rejected (it accepted them, or a batch holding them got no readable reply), in a batch not answered yet, or
+        with no learner (new, answered ``busy``, or to be sent again)."""
+        held = sum(1 for p in self.groups.values() if p.learner is not None and not p.sending)
+        sending = sum(1 for p in self.groups.values() if p.sending)
+        return {"awaiting_confirmation": held, "in_flight": sending, "unsent": len(self.groups) - held - sending}
+
     def unsent(self) -> list[Pending]:
         """Groups no learner holds and none is being sent (new, answered ``busy``, or to be resent), oldest first."""
         return [p for p in self.groups.values() if p.learner is None and not p.sending]
@@ -162,9 +170,10 @@ class Outbox:
         p.learner = None
         if status == "busy":  # the learner holds enough of ours: keep the group, send it again later
             self.counts["send/busy"] += 1
-            if self.counts["send/busy"] <= 5 or self.counts["send/busy"] % 100 == 0:
-                log.info("learner %s busy: group %s kept, sent again later (%d busy answers so far)",
-                         learner[-6:], p.group.group_id, self.counts["send/busy"])
+            # routine: the first at INFO, to say what it means; then DEBUG lines (the counter tells how many)
+            log.log(logging.INFO if self.counts["send/busy"] == 1 else logging.DEBUG,
+                    "learner %s busy: group %s kept, sent again later (%d busy answers so far)",
+                    learner[-6:], p.group.group_id, self.counts["send/busy"])
             return
         if status == "rejected" and reason == "future_version":
             # that learner is behind the swarm (restarted, catching up): keep the group, try again later
@@ -240,7 +249,8 @@ class Outbox:
         n = self.failures.get(learner, (0, 0.0))[0] + 1
         self.failures[learner] = (n, now + self.backoff(n))
         self.counts["send/failed"] += 1
-        log.info("%s with learner %s failed; backing off", what, learner[-6:])
+        # the first failure of a run of them at INFO; ``give_up`` warns when the run grows long
+        log.log(logging.INFO if n == 1 else logging.DEBUG, "%s with learner %s failed; backing off", what, learner[-6:])
 
     def give_up(self, learner: str) -> None:
         """``learner`` failed ``GIVE_UP_FAILURES`` exchanges in a row: the groups it holds go to other learners."""

@@ -295,6 +295,16 @@ class Trust:
                         what.replace("_", " "), peer[-6:], self.run_id, n)
 
 
+def records_found(found: dict[str, bytes], run_id: str) -> list[RunRecord]:
+    """The distinct run records for ``run_id`` among ``found`` (DHT subkey -> value), newest first, their signatures
+    NOT checked (that takes the authority's public key, ``trust.authority``): what a peer without the key (``p2prl
+    status``, ``p2prl monitor``) can tell of a run's authority. Any peer may publish one, so only a checked record
+    says who may train."""
+    recs = {rec.signature: rec for rec in map(RunRecord.decode, found.values())
+            if rec is not None and rec.run_id == run_id}
+    return sorted(recs.values(), key=lambda r: r.issued, reverse=True)
+
+
 def learner_trust(authority: str, record_path: str, identity_path: str, run_id: str, node_peer_id: str | None,
                   mine: RunConfigRecord) -> Trust:
     """A learner's trust in an authority run: its run record checked against everything it can check. ``node_peer_id``:

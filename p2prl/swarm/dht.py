@@ -34,7 +34,10 @@ def dht_kwargs(
     """Keyword arguments for ``hivemind.DHT``: loopback-only when asked, never IPFS.
 
     ``closed_network``: the loopback switches (no relay or NAT probing) on the given addresses,
-    for peers of a closed emulated network that no outside peer can reach.
+    for peers of a closed emulated network that no outside peer can reach. ``client_mode`` (outside those):
+    the daemon listens on nothing and uses no relay, so it only ever dials out, directly, and announces no
+    address (a peer that cannot be dialled has nothing to announce; its streams never go through a relay's
+    limited connection).
     """
     kw: dict = {
         "host_maddrs": [LOOPBACK_MADDR] if loopback else list(host_maddrs),
@@ -42,6 +45,8 @@ def dht_kwargs(
         "client_mode": client_mode,
         "wait_timeout": rpc_timeout_s,
     }
+    if client_mode and not (loopback or closed_network):
+        kw.update(no_listen=True, use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False)
     if announce_maddrs:
         kw["announce_maddrs"] = list(announce_maddrs)
     if identity_path:
@@ -72,13 +77,73 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def shutdown_dht(dht) -> None:
-    """Stop the DHT process and its p2pd; kill it if it does not stop within its grace period."""
+DHT_GRACE_S = 5.0  # for an orderly stop of the DHT process (well under a second, unless its p2pd is gone)
+P2PD_GONE_WAIT_S = 0.5  # a DHT process whose p2pd has stopped: how long it may take to end on its own
+HARD_WAY = "terminating it the hard way"  # hivemind's warning when the DHT process outlives its grace period
+
+
+def shutdown_dht(dht, grace_s: float = DHT_GRACE_S) -> None:
+    """Stop the DHT process and its p2pd in order: hivemind removes the DHT's handlers from p2pd, then stops p2pd
+    (whose own shutdown lines nobody reads by then). Killed if it does not stop within ``grace_s``; then its p2pd
+    too, and hivemind's "terminating it the hard way" warning is replaced by a DEBUG line of ours.
+
+    A signal to the whole process group (Ctrl-C in a terminal, which p2pd shares; a service manager stopping a
+    control group) stops p2pd itself, at once; the orderly stop would then wait for ever on p2pd's closed socket,
+    so a DHT process found without its p2pd, before or while it stops, is killed at once (Linux, which tells;
+    elsewhere it waits ``grace_s``)."""
+    from p2prl.log import DropLines
+
+    if not dht.is_alive():
+        return
+    hivemind_dht_log, hard_way = logging.getLogger("hivemind.dht.dht"), DropLines(HARD_WAY)
+    hivemind_dht_log.addFilter(hard_way)
+    try:
+        dht.shutdown_timeout = grace_s  # hivemind's join, before its warning
+        orderly = threading.Thread(target=dht.shutdown, name="p2prl-dht-shutdown", daemon=True)
+        orderly.start()
+        while orderly.is_alive() and not _p2pd_gone(dht.pid):
+            orderly.join(0.05)
+        dht.join(P2PD_GONE_WAIT_S)  # hivemind stops p2pd last: then the process ends on its own at once
+        if dht.is_alive():
+            why = f"it did not stop within {grace_s:g} s" if hard_way.dropped else "its p2pd had stopped already"
+            log.debug("the DHT process is killed: %s", why)
+            _kill_dht(dht)
+        orderly.join(grace_s)
+    finally:
+        hivemind_dht_log.removeFilter(hard_way)
     if dht.is_alive():
-        dht.shutdown()
+        _kill_dht(dht)
+
+
+def _kill_dht(dht) -> None:
+    """SIGKILL the DHT process and its p2pd."""
     if dht.is_alive():
+        for pid in _p2pd_of(dht.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
         dht.kill()
         dht.join(5)
+
+
+def _p2pd_of(pid: int) -> list[int]:
+    """The live p2pd children of process ``pid``, from /proc (Linux; elsewhere none)."""
+    from p2prl.launch.procs import children_of
+
+    out = []
+    for child in children_of(pid):
+        try:
+            if Path(f"/proc/{child}/comm").read_text().strip() == "p2pd":
+                out.append(child)
+        except OSError:
+            pass
+    return out
+
+
+def _p2pd_gone(pid: int) -> bool:
+    """Whether the DHT process ``pid`` runs without its p2pd (False where /proc cannot tell)."""
+    return Path(f"/proc/{pid}").is_dir() and not _p2pd_of(pid)
 
 
 def wait_for_peers_file(
@@ -125,26 +190,41 @@ def _owned_dht_class():
 
 
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):
-    """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` with what to check."""
-    if initial_peers:
-        for maddr in initial_peers:
-            if "/p2p/" not in maddr:
-                raise BootstrapError(
-                    f"initial peer {maddr!r} has no /p2p/<peer id> part; copy the full multiaddr "
-                    "that `p2prl bootstrap` prints"
-                )
+    """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` saying, for each initial peer, what
+    dialling it gave (``reach.diagnose``: refused, another peer id, no answer); an unparsable multiaddr or peer id
+    is refused before any daemon starts. In a run that spans hosts a peer announces only addresses of the run's
+    scope (``reach.announce_plan``); a DHT that is not in client mode serves the dial-back check
+    (``reach.serve_checks``)."""
+    from p2prl.swarm import reach
+
+    errors = reach.check_initial_peers(initial_peers)
+    if errors:
+        raise BootstrapError("\n".join(errors))
+    if not (kw.get("loopback") or kw.get("closed_network") or kw.get("client_mode") or kw.get("announce_maddrs")):
+        kw["host_maddrs"], kw["announce_maddrs"] = reach.announce_plan(list(kw.get("host_maddrs", [])), initial_peers)
+        if kw["announce_maddrs"]:
+            log.debug("announcing %s", " ".join(kw["announce_maddrs"]))
     try:
-        return _owned_dht_class()(initial_peers=initial_peers or None, start=True, startup_timeout=timeout_s,
-                                  **dht_kwargs(**kw))
+        dht = _owned_dht_class()(initial_peers=initial_peers or None, start=True, startup_timeout=timeout_s,
+                                 **dht_kwargs(**kw))
     except Exception as e:  # hivemind raises bare exceptions from its child process
         if initial_peers:
+            found = reach.diagnose(initial_peers)
+            if found and all(reach.ANSWERS in line for line in found):  # every peer answers: say what failed
+                found.append(f"the join failed with: {type(e).__name__}: {str(e)[:300]}")
+            detail = ("\n  " + "\n  ".join(found)) if found else (
+                f": {e}\ncheck that: the multiaddrs are complete and current (a bootstrap's peer id changes unless "
+                "it uses --identity-path), the bootstrap is running, its TCP port is open in its firewall, and the "
+                "address is reachable from here (public IP, or 127.0.0.1 only on the same machine)")
             raise BootstrapError(
-                f"could not join the DHT through any of {len(initial_peers)} initial peer(s): {e}\n"
-                "check that: the multiaddrs are complete and current (a bootstrap's peer id changes unless it "
-                "uses --identity-path), the bootstrap is running, its TCP port is open in its firewall, "
-                "and the address is reachable from here (public IP, or 127.0.0.1 only on the same machine)"
-            ) from None
+                f"could not join the DHT through any of {len(initial_peers)} initial peer(s){detail}") from None
         raise BootstrapError(f"could not start the DHT node: {type(e).__name__}: {e}") from None
+    if not kw.get("client_mode"):
+        try:
+            dht.run_coroutine(reach.serve_checks)
+        except Exception as e:  # the check is a courtesy to other peers: never a reason not to start
+            log.debug("not serving reachability checks: %s: %s", type(e).__name__, e)
+    return dht
 
 
 def key(run_id: str, *parts: str) -> str:

@@ -152,8 +152,9 @@ async def assemble(node: WeightSource, holders: list[str], rec: PolicyRecord, pa
                     ready.insert(0, holder)  # it delivered: first in line for a range another holder left
                     used.append(holder)
                     continue
-                log.info("weights v%d [%d, %d) from %s failed at byte %d: %s %s", rec.version, piece.start, piece.end,
-                         holder[-6:], piece.pos, type(e).__name__, str(e)[:80])
+                # routine (a busy or gone holder; the range goes to another): the caller says when a fetch fails
+                log.debug("weights v%d [%d, %d) from %s failed at byte %d: %s %s", rec.version, piece.start, piece.end,
+                          holder[-6:], piece.pos, type(e).__name__, str(e)[:80])
                 if piece.pos > piece.start:
                     used.append(holder)  # its bytes are in the buffer: the hash checks them too
                 todo.append(piece)

@@ -4,13 +4,20 @@ A poll thread reads the run's peer records every ``period`` seconds (``status.sn
 and keeps, per learner, the reward and held-out accuracy it announced at each version
 (bounded). A scrape thread reads, at the same period, the Prometheus endpoint each peer
 announces in its record (``peer_metrics``: bounded, time-limited, parsed defensively).
-The page is one self-contained HTML document, refreshed by the browser: a table of the
-peers by role (version, lag, reward, accuracy, rejections, bans), what only their
-metrics tell (throughput, bytes in and out, groups and gradient rounds by outcome and
-reason, bans; "not announced" / "unreachable" where a peer has none), the samplers' lag
-histogram, the learners' lag histogram of trained groups and the reward / accuracy
-curves as inline SVG drawn here, so it needs no script and nothing from the internet
-(peers may be offline).
+The page is one self-contained HTML document, refreshed by the browser: the run's trust
+(its authority, verified with ``--authority``, or what the DHT holds of it) and the bootstraps
+the monitor joined through, a table of the peers by role (version, lag, reward, accuracy,
+rejections, bans), what only their metrics tell (throughput, bytes in and out, groups and
+gradient rounds by outcome and reason, bans; "not announced" / "unreachable" where a peer
+has none), the samplers' lag histogram, the learners' lag histogram of trained groups and
+the reward / accuracy curves as inline SVG drawn here, so it needs no script and nothing
+from the internet (peers may be offline). It fits a 1280 px wide window: peer ids are
+shortened (the full id in the cell's title) and peer-supplied text is clipped.
+
+Each outcome of a group has one name on the page, whoever counted it: a group refused as too
+stale is "dropped" (reason "stale"), as in the learner's summary and peer record, though a
+learner's metrics count one refused on arrival as ``rejected/stale`` and a sampler's as
+``send/rejected/stale`` (``outcome``).
 """
 
 from __future__ import annotations
@@ -111,9 +118,16 @@ def svg_lines(series: dict[str, list[tuple[float, float]]], title: str, x_label:
 
 
 # ---- the page --------------------------------------------------------------------------------
-STYLE = """body{font-family:sans-serif;margin:1.5em;color:#222}table{border-collapse:collapse;margin:.5em 0}
-td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td.l,th.l{text-align:left}
-.plots{display:flex;flex-wrap:wrap;gap:1em}.dim{color:#888}h2{font-size:1.1em;margin-top:1.2em}"""
+PAGE_WIDTH = 1280  # px: the page fits a window this wide
+CLIP_EM = 12  # widest cell of peer-supplied or free text (a metrics endpoint's error, a reason), in em
+STYLE = f"""body{{font-family:sans-serif;margin:1.5em;color:#222;max-width:{PAGE_WIDTH - 48}px}}
+table{{border-collapse:collapse;margin:.5em 0}}
+td,th{{border:1px solid #ccc;padding:3px 6px;text-align:right}}td{{white-space:nowrap}}td.l,th.l{{text-align:left}}
+.clip{{display:inline-block;max-width:{CLIP_EM}em;overflow:hidden;text-overflow:ellipsis;vertical-align:bottom}}
+.maddr{{font-family:monospace;font-size:.9em;overflow-wrap:anywhere}}.plots svg{{max-width:100%;height:auto}}
+.plots{{display:flex;flex-wrap:wrap;gap:1em}}.dim{{color:#888}}h2{{font-size:1.1em;margin-top:1.2em}}
+h1{{overflow-wrap:anywhere}}"""
+SHORT_ID = 10  # characters of a peer id shown (the whole id is the cell's title)
 
 
 def _fmt(x, spec: str) -> str:
@@ -124,17 +138,48 @@ def _count(x: float | None) -> str:
     return "-" if x is None else f"{x:.0f}" if float(x).is_integer() else f"{x:.3g}"
 
 
-def _total(series: dict | None, outcome: str) -> float | None:
-    """The sum of ``series`` (``"outcome/reason"`` -> count) over the reasons of ``outcome``."""
-    if series is None:
+def _peer_cell(peer_id: str) -> str:
+    """A peer id shortened to its last ``SHORT_ID`` characters, the whole id in the title."""
+    e = html.escape
+    return f'<td class="l peer-id" title="{e(peer_id)}">…{e(peer_id[-SHORT_ID:])}</td>'
+
+
+def _clip(text: str) -> str:
+    """Free text in a cell at most ``CLIP_EM`` wide (the rest behind an ellipsis, all of it in the title)."""
+    e = html.escape
+    return f'<span class="clip" title="{e(text)}">{e(text)}</span>'
+
+
+def outcome(name: str, reason: str) -> tuple[str, str]:
+    """One name per outcome: a group refused as too stale is dropped, reason "stale" (as in the learner's summary and
+    peer record), though a learner's metrics count one refused on arrival as ``rejected/stale``."""
+    return ("dropped", "stale") if (name, reason) == ("rejected", "stale") else (name, reason)
+
+
+def outcomes(m: dict) -> Counter:
+    """(kind, outcome, reason) -> count of one peer's scraped metrics, outcomes named by ``outcome``: kind "groups"
+    and "rounds" (a learner's), or the section of a sampler's events ("send", "acked", "weights")."""
+    out: Counter = Counter()
+    for kind in ("groups", "rounds"):
+        for k, n in (m.get(kind) or {}).items():
+            out[(kind, *outcome(*k.partition("/")[::2]))] += n
+    for k, n in (m.get("events") or {}).items():
+        section, _, rest = k.partition("/")
+        out[(section, *outcome(*rest.partition("/")[::2]))] += n
+    return out
+
+
+def _total(counts: Counter, name: str, kinds: tuple[str, ...]) -> float | None:
+    """Groups of ``kinds`` (``outcomes``) whose outcome is ``name``; None when the peer reports none of ``kinds``."""
+    if not any(k[0] in kinds for k in counts):
         return None
-    return sum(n for k, n in series.items() if k.split("/", 1)[0] == outcome)
+    return sum(n for (kind, o, _), n in counts.items() if kind in kinds and o == name)
 
 
 def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
     """The page's part from the peers' own metrics: a row per peer, their outcomes, the learners' lag histogram."""
     e = html.escape
-    rows, outcomes, lags = [], [], Counter()
+    rows, table, lags = [], [], Counter()
     for r in snap["peers"]:
         got = scraped.get(r["peer_id"])
         m = got["metrics"] if got and got["status"] == "ok" else None
@@ -142,45 +187,60 @@ def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
                  else "ok" if m is not None else f"{got['status']}: {got['detail']}")
         cells = ["-"] * 9
         if m is not None:
-            groups = m.get("groups")
-            made = m.get("groups_made") if r["role"] == "sampler" else _total(groups, "trained")
+            counts = outcomes(m)
+            # a learner's groups; a sampler's as its learners answered them (sends refused, acknowledgements)
+            kinds = ("send", "acked") if r["role"] == "sampler" else ("groups",)
+            made = m.get("groups_made") if r["role"] == "sampler" else _total(counts, "trained", kinds)
             rounds = m.get("rounds")
             cells = [_count(m.get("version")), _fmt(m.get("throughput"), ".2f"), _count(m.get("bytes_in")),
-                     _count(m.get("bytes_out")), _count(made), _count(_total(groups, "rejected")),
-                     _count(_total(groups, "dropped")), _count(sum(rounds.values()) if rounds is not None else None),
-                     _count(m.get("banned"))]
-            for kind, series in (("groups", groups), ("rounds", rounds), ("events", m.get("events"))):
-                outcomes += [(r, kind, k, n) for k, n in sorted((series or {}).items())]
+                     _count(m.get("bytes_out")), _count(made), _count(_total(counts, "rejected", kinds)),
+                     _count(_total(counts, "dropped", kinds)),
+                     _count(sum(rounds.values()) if rounds is not None else None), _count(m.get("banned"))]
+            table += [(r, *k, n) for k, n in sorted(counts.items())]
             for lag, n in (m.get("lag") or {}).items():
                 lags[lag] += int(n)
         rows.append(f'<tr class="metrics {e(r["role"])}" data-peer="{e(r["peer_id"])}">'
-                    f'<td class="l">{e(r["role"])}</td>'
-                    f'<td class="l peer-id" title="{e(r["peer_id"])}">{e(r["peer_id"][-10:])}</td>'
-                    f'<td class="l state">metrics: {e(state)}</td>'
+                    f'<td class="l">{e(r["role"])}</td>{_peer_cell(r["peer_id"])}'
+                    f'<td class="l state">{_clip(f"metrics: {state}")}</td>'
                     + "".join(f"<td>{e(c)}</td>" for c in cells) + "</tr>")
     out = ['<h2>Peer metrics</h2><table id="peer-metrics"><tr><th class="l">role</th><th class="l">peer</th>'
            '<th class="l">endpoint</th><th>version</th><th>groups/s</th><th>bytes in</th><th>bytes out</th>'
            "<th>made / trained</th><th>rejected</th><th>dropped</th><th>round events</th><th>banned</th></tr>",
            *rows, "</table>"]
-    if outcomes:
+    if table:
         out.append('<h2>Groups, rounds and sends by outcome and reason</h2><table id="outcomes"><tr>'
                    '<th class="l">role</th><th class="l">peer</th><th class="l">kind</th><th class="l">outcome</th>'
                    '<th class="l">reason</th><th>count</th></tr>')
-        for r, kind, k, n in outcomes:
-            outcome, _, reason = k.partition("/")
+        for r, kind, o, reason, n in table:
             out.append(f'<tr class="outcome" data-peer="{e(r["peer_id"])}"><td class="l">{e(r["role"])}</td>'
-                       f'<td class="l">{e(r["peer_id"][-10:])}</td><td class="l">{kind}</td><td class="l">{e(outcome)}'
-                       f'</td><td class="l">{e(reason)}</td><td>{_count(n)}</td></tr>')
+                       f'{_peer_cell(r["peer_id"])}<td class="l">{_clip(kind)}</td><td class="l">{_clip(o)}</td>'
+                       f'<td class="l">{_clip(reason)}</td><td>{_count(n)}</td></tr>')
         out.append("</table>")
     out.append('<div class="plots" id="lag-metrics">'
                + svg_bars(dict(lags), "trained groups by lag (learners' metrics)", "versions behind") + "</div>")
     return out
 
 
+def render_run(snap: dict, bootstraps: list[str] | tuple[str, ...]) -> list[str]:
+    """The run's trust (``status.trust_view``: its authority, if any) and the bootstraps the monitor joined through."""
+    from p2prl.swarm.status import describe_trust
+
+    e = html.escape
+    out = []
+    t = snap.get("trust")
+    if t is not None:
+        key = f' title="authority key {e(t["authority"])}"' if t.get("authority") else ""
+        out.append(f'<p id="trust" class="{e(t["mode"])}"{key}>{e(describe_trust(t))}</p>')
+    if bootstraps:
+        out.append('<p id="bootstraps">bootstrap' + "s" * (len(bootstraps) > 1) + " (this monitor joined through): "
+                   + ", ".join(f'<span class="maddr">{e(b)}</span>' for b in bootstraps) + "</p>")
+    return out
+
+
 def render_page(snap: dict | None, history: History, refresh_s: float, error: str = "",
-                scraped: dict[str, dict] | None = None) -> str:
-    """The whole health page for ``snap`` (``status.snapshot``), the curves in ``history`` and the peers'
-    metrics in ``scraped`` (``peer_metrics.scrape_all``)."""
+                scraped: dict[str, dict] | None = None, bootstraps: list[str] | tuple[str, ...] = ()) -> str:
+    """The whole health page for ``snap`` (``status.snapshot``), the curves in ``history``, the peers'
+    metrics in ``scraped`` (``peer_metrics.scrape_all``) and the ``bootstraps`` the monitor joined through."""
     e = html.escape
     head = (f'<!DOCTYPE html><html><head><meta charset="utf-8"><meta http-equiv="refresh" content="{refresh_s:g}">'
             f"<title>p2prl swarm</title><style>{STYLE}</style></head><body>")
@@ -194,7 +254,7 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
            "<p>" + ", ".join(f"{n} {role}{'s' * (n > 1)}" for role, n in sorted(roles.items())) if roles
            else "<p>no live peers",
            f' <span class="dim">(updated {time.strftime("%H:%M:%S", time.localtime(snap["time"]))}'
-           f'{"; last look-up failed: " + e(error) if error else ""})</span></p>']
+           f'{"; last look-up failed: " + e(error) if error else ""})</span></p>', *render_run(snap, bootstraps)]
     out.append('<h2>Peers</h2><table id="peers"><tr><th class="l">role</th><th class="l">peer</th><th>version</th>'
                "<th>lag</th><th>reward</th><th>accuracy</th><th>groups/s</th><th>queue</th><th>rejected</th>"
                "<th>banned</th><th>last seen</th></tr>")
@@ -203,8 +263,7 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
         cells = [r["policy_version"], _fmt(r["lag"], "d"), _fmt(r["reward"], ".3f") if learner else "",
                  _fmt(r["acc"], ".3f") if learner else "", f"{r['throughput']:.2f}", r["queue_depth"],
                  r["rejected"] if learner else "", r["banned"] if learner else "", f"{r['last_seen_s']:.0f} s"]
-        out.append(f'<tr class="peer {e(r["role"])}"><td class="l">{e(r["role"])}</td>'
-                   f'<td class="l peer-id" title="{e(r["peer_id"])}">{e(r["peer_id"])}</td>'
+        out.append(f'<tr class="peer {e(r["role"])}"><td class="l">{e(r["role"])}</td>{_peer_cell(r["peer_id"])}'
                    + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
     out.append("</table>")
     if snap["other_runs"]:
@@ -212,7 +271,7 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
                    '<tr><th class="l">run</th><th class="l">peers</th></tr>')
         for run, n in snap["other_runs"].items():
             peers = ", ".join(f"{k} {role}{'s' * (k > 1)}" for role, k in sorted(n.items()))
-            out.append(f'<tr><td class="l">{e(run)}</td><td class="l">{e(peers)}</td></tr>')
+            out.append(f'<tr><td class="l">{_clip(run)}</td><td class="l">{e(peers)}</td></tr>')
         out.append("</table>")
     lags = Counter(r["lag"] for r in snap["peers"] if r["lag"] is not None and r["role"] == "sampler")
     curves = {p[-6:]: list(c) for p, c in history.curves.items()}
@@ -237,8 +296,8 @@ class Monitor:
     """Polls the DHT and scrapes the peers' metrics, each in a thread; serves the page at ``/`` and the last
     snapshot, curves and scraped metrics at ``/state.json``."""
 
-    def __init__(self, node, run_id: str, period_s: float):
-        self.node, self.run_id, self.period_s = node, run_id, period_s
+    def __init__(self, node, run_id: str, period_s: float, bootstraps: list[str] | tuple[str, ...] = ()):
+        self.node, self.run_id, self.period_s, self.bootstraps = node, run_id, period_s, list(bootstraps)
         self.history = History()
         self.snap: dict | None = None
         self.scraped: dict[str, dict] = {}  # peer id -> peer_metrics.scrape of its endpoint, the last round
@@ -279,12 +338,13 @@ class Monitor:
 
     def page(self) -> str:
         with self.lock:
-            return render_page(self.snap, self.history, max(1.0, self.period_s), self.error, self.scraped)
+            return render_page(self.snap, self.history, max(1.0, self.period_s), self.error, self.scraped,
+                               self.bootstraps)
 
     def state(self) -> str:
         with self.lock:
             return json.dumps({"snapshot": self.snap, "curves": {p: list(c) for p, c in self.history.curves.items()},
-                               "metrics": self.scraped})
+                               "metrics": self.scraped, "bootstraps": self.bootstraps})
 
     def serve(self, host: str, port: int, stop: threading.Event) -> None:
         monitor = self
@@ -336,7 +396,7 @@ def run_monitor(cfg, host: str, port: int, period_s: float) -> int:
     node = SwarmNode(cfg.net, "monitor", stop)
     node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
     try:
-        Monitor(node, cfg.net.run_id, period_s).serve(host, port, stop)
+        Monitor(node, cfg.net.run_id, period_s, cfg.net.initial_peers).serve(host, port, stop)
     finally:
         node.shutdown()
     return 0

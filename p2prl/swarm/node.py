@@ -23,7 +23,8 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust, TrustError
-from p2prl.swarm.dht import start_dht, wait_for_peers_file
+from p2prl.swarm import reach
+from p2prl.swarm.dht import BootstrapError, start_dht, wait_for_peers_file
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
@@ -125,20 +126,25 @@ class SwarmNode(Records):
         every stream this node serves: ``reputation`` (banned peers' streams are refused) and ``limits`` (per-peer
         rate and concurrency limits, slow readers cut); ``trust``: whom it hears (default: open; an authority run's
         learner gives its own, whose identity must be this node's). ``transport``: the network (default: a hivemind
-        DHT started from ``cfg``)."""
+        DHT started from ``cfg``; then a sampler or learner of a run that spans hosts checks that the swarm can dial
+        it back, ``settle_reachability``)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
         self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
+        self.initial_peers: list[str] = []
+        self.dht_args: dict | None = None  # how the DHT was started (None: a transport given), for a restart
+        self.reach: reach.Decision | None = None  # the dial-back check's outcome, when one ran
         if transport is None:
             peers = list(cfg.initial_peers)
             if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
                 peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
-            transport = HivemindTransport(start_dht(
-                peers, cfg.bootstrap_timeout_s, host_maddrs=cfg.host_maddrs,
-                announce_maddrs=cfg.announce_maddrs, loopback=cfg.loopback, identity_path=cfg.identity_path,
-                client_mode=cfg.client_mode, closed_network=cfg.closed_network,
-                rpc_timeout_s=cfg.dht_rpc_timeout_s,
-            ))
+            self.initial_peers = peers
+            self.dht_args = dict(host_maddrs=list(cfg.host_maddrs), announce_maddrs=list(cfg.announce_maddrs),
+                                 loopback=cfg.loopback, identity_path=cfg.identity_path, client_mode=cfg.client_mode,
+                                 closed_network=cfg.closed_network, rpc_timeout_s=cfg.dht_rpc_timeout_s)
+            transport = HivemindTransport(start_dht(peers, cfg.bootstrap_timeout_s, **self.dht_args))
+        # the run's scope (reach.py): which of this peer's addresses others can use
+        self.scope = "local" if cfg.loopback else reach.run_scope(self.initial_peers)
         self.transport = transport
         self.peer_id = transport.peer_id
         if trust is not None and trust.key is not None and trust.key.peer_id != self.peer_id:
@@ -151,6 +157,65 @@ class SwarmNode(Records):
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
         self.run(transport.start(), timeout=30, cancellable=False)
+        if self.dht_args is not None and role in ("sampler", "learner") and not (
+                cfg.client_mode or cfg.loopback or cfg.closed_network) and self.scope in ("lan", "public"):
+            try:
+                self.settle_reachability()
+            except Exception:  # refused, stopped meanwhile, or a restart that failed: nothing is left running
+                self.shutdown()
+                raise
+
+    # ---- reachability (reach.py) -------------------------------------------------------------
+    def check_reachability(self, checkers: list[str] | None = None,
+                           timeout_s: float = reach.CHECK_TIMEOUT_S) -> reach.Verdict:
+        """Ask swarm peers (default: the initial peers of the run's scope, then the run's learners) to dial this
+        peer back at its announced addresses and listen ports."""
+        announced = [m.split("/p2p/")[0] for m in self.transport.visible_maddrs()]
+        addrs = sorted(announced, key=lambda m: not reach.in_scope(m, self.scope))[:reach.MAX_ADDRS]
+        ports = list(dict.fromkeys(p for p in map(reach.maddr_port, announced) if p))[:reach.MAX_PORTS]
+        if checkers is None:
+            checkers = [reach.maddr_peer(m) for m in self.initial_peers if reach.in_scope(m, self.scope)]
+            try:
+                checkers += [r.peer_id for r in self.peers("learner")]
+            except Exception as e:  # a failed look-up leaves the initial peers
+                log.debug("reachability: no learners to ask: %s", e)
+        checkers = [c for c in dict.fromkeys(checkers) if c and c != self.peer_id]
+        if not checkers or not addrs and not ports:
+            return reach.Verdict(None, errors=["no peer to ask" if not checkers else "no address to check"])
+        return self.run(reach.check(self.transport.p2p, checkers, addrs, ports, timeout_s), timeout=timeout_s + 5)
+
+    def settle_reachability(self) -> None:
+        """Check that the swarm can dial this peer and say so in one line; when it cannot, log the fix and: a sampler
+        restarts its DHT in client mode, a learner is refused (``BootstrapError``). A peer reachable only at an
+        address it did not announce (a forwarded port) restarts announcing it."""
+        announced = self.transport.visible_maddrs()
+        port = next((p for p in map(reach.maddr_port, announced) if p), None)
+        d = self.reach = reach.decide(self.check_reachability(), self.role, announced, port)
+        log.log(logging.WARNING if d.action in ("client", "refuse") else logging.INFO, d.line)
+        if d.action == "refuse":
+            raise BootstrapError(f"this {self.role} cannot be reached by the swarm, and a {self.role} must be: "
+                                 f"samplers send it groups and fetch weights from it\n{d.line}\n{d.fix}")
+        if d.fix:
+            log.warning("%s", d.fix)
+        if d.action == "client":
+            self.restart_dht(client_mode=True)
+            self.cfg.client_mode = True  # the role reads it: a client-mode sampler serves no weights
+        elif d.action == "announce":
+            host = [m.replace("/tcp/0", f"/tcp/{port}") if m.endswith("/tcp/0") else m
+                    for m in self.dht_args["host_maddrs"]]
+            self.restart_dht(host_maddrs=host, announce_maddrs=d.announce)
+
+    def restart_dht(self, **changes) -> None:
+        """Stop the DHT and start it again with ``changes`` to its arguments (same identity when it has one)."""
+        try:
+            self.run(self.transport.close_streams(), timeout=5, cancellable=False)
+        except Exception as e:
+            log.debug("closing streams before a restart: %s", e)
+        self.transport.shutdown()
+        self.dht_args.update(changes)
+        self.transport = HivemindTransport(start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, **self.dht_args))
+        self.peer_id = self.transport.peer_id
+        self.run(self.transport.start(), timeout=30, cancellable=False)
 
     @property
     def short_id(self) -> str:
@@ -273,7 +338,9 @@ class SwarmNode(Records):
         return self.cfg.rpc_timeout_s + nbytes / 1e6
 
     def visible_maddrs(self) -> list[str]:
-        return self.transport.visible_maddrs()
+        """This peer's addresses that the run can use: no loopback address unless the run is local, no private one
+        in a public run (``reach.usable``); none for a client-mode peer, which listens on nothing."""
+        return reach.usable(self.transport.visible_maddrs(), self.scope)
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""

@@ -5,9 +5,23 @@ task and sampling settings with every live learner's record before it generates 
 a learner compares those and the algorithm and optimizer settings before it trains. A
 mismatch stops the peer with both values of every differing key, instead of letting it
 produce records the run rejects one by one.
+
+A run id is not a claim: two people who pick the same one (and the same config) would be one run.
+So a learner that finds learners or a published policy of its run id when it starts (``join_run``)
+refuses to start unless it was told to join (``net.join``, ``--join``), or its ``train.out_dir`` was
+part of that run before (``run.json`` there names it: a restart). A learner told to join waits for
+the run to appear; one that finds no run starts it.
 """
 
 from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 from p2prl.config import Config, ConfigError
 from p2prl.policy.model import model_hash
@@ -18,6 +32,8 @@ SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")
 LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim")
 # sampling keys each peer chooses (how it generates, not what)
 PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
+RUN_FILE = "run.json"  # in train.out_dir: the run its learner was part of
+WAIT_LOG_S = 60.0  # a learner waiting for the run to join says so again this often
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
 OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay",
               "max_grad_norm")
@@ -68,3 +84,111 @@ def check(run_configs: dict[str, RunConfigRecord], mine: RunConfigRecord, role: 
                 + "\n  ".join(diff)
                 + "\nuse the run's config file (or the same overrides) to join it, or another --run-id for a new run"
             )
+
+
+# ---- run ids: start a run, or join one on purpose ------------------------------------------------------
+log = logging.getLogger("p2prl.runconfig")
+
+
+class RunIdTaken(ConfigError):
+    """A learner not told to join found a run with its run id; the message says what it found and how to go on."""
+
+
+class StoppedWaiting(RuntimeError):
+    """Asked to stop while waiting for the run to join."""
+
+
+def found_run(node) -> tuple[int, int | None]:
+    """(live learners of the node's run but itself, the newest version they announce or publish: None when there is
+    neither a learner nor a policy record but its own)."""
+    learners = [r for r in node.peers("learner") if r.peer_id != node.peer_id]
+    versions = [r.policy_version for r in learners]
+    latest = node.latest_policy()
+    if latest is not None and latest[0] != node.peer_id:
+        versions.append(latest[1].version)
+    return len(learners), max(versions, default=None)
+
+
+def describe_run(learners: int, version: int) -> str:
+    """What ``found_run`` found, in words: ``2 learners at version v5``."""
+    if learners:
+        return f"{learners} learner{'s' * (learners != 1)} at version v{version}"
+    return f"a published policy at version v{version} (no live learner)"
+
+
+def out_dir_run(out: str | Path) -> str | None:
+    """The run id the learner of ``out`` was part of (its ``run.json``); None when there is none or it is unreadable."""
+    try:
+        got = json.loads((Path(out) / RUN_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return got.get("run_id") if isinstance(got, dict) and isinstance(got.get("run_id"), str) else None
+
+
+def _remember(out: Path, run_id: str, peer_id: str, how: str) -> None:
+    """Write ``run.json`` (at once: a crash never leaves half of it); a failure is logged (the next start asks for
+    --join again), not raised."""
+    path = out / RUN_FILE
+    tmp = path.with_name(RUN_FILE + ".tmp")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({"run_id": run_id, "how": how, "peer_id": peer_id, "time": time.time()}) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not write %s (%s): a restart of this learner will need --join to rejoin run %r",
+                    path, e.strerror or e, run_id)
+
+
+def taken_message(run_id: str, learners: int, version: int, previous: str | None = None) -> str:
+    """The refusal of a learner that found run ``run_id`` and was not told to join it."""
+    was = f" (train.out_dir was part of run {previous!r}, not of this one)" if previous else ""
+    return (f"run {run_id!r} is already training in this swarm: {describe_run(learners, version)} found. This "
+            f"learner was not started with --join, so it does not add itself to that run{was}: it would load that "
+            "run's state and train with its learners, and another person's run may use the same id.\n"
+            f"  to add this learner to run {run_id!r}: pass --join (net.join=true)\n"
+            "  to start a new run: pick another run id (--run-id NAME, net.run_id=NAME)")
+
+
+def join_run(cfg: Config, node, task: Task, stop: threading.Event,
+             clock: Callable[[], float] = time.monotonic) -> str:
+    """Decide, before a learner serves anything, whether it starts its run, joins it or resumes its part in it;
+    returns ``"started"``, ``"joined"`` or ``"resumed"`` and records the run in ``train.out_dir/run.json``.
+
+    A run found (``found_run``: learners or a policy of ``net.run_id`` other than this node's): its config is
+    checked (``RunConfigMismatch``, as at start), then the learner joins it when ``net.join`` is set or its out dir
+    was part of it, else ``RunIdTaken``. No run found: with ``net.join`` (and an out dir of another run, or none)
+    it waits for one (``StoppedWaiting`` when ``stop`` is set meanwhile), else it starts the run."""
+    run_id, out = cfg.net.run_id, Path(cfg.train.out_dir)
+    previous = out_dir_run(out)
+    own = previous == run_id
+    learners, version = found_run(node)
+    if version is None and cfg.net.join and not own:
+        log.info("waiting for run %r to join (--join): no learner of it found yet; without --join this learner "
+                 "would start the run", run_id)
+        t0 = said = clock()
+        while version is None:
+            if stop.wait(cfg.net.poll_s):
+                raise StoppedWaiting(f"stopped while waiting for run {run_id!r} to join")
+            learners, version = found_run(node)
+            if version is None and clock() - said >= WAIT_LOG_S:
+                log.info("still waiting for a learner of run %r (%.0f s so far): is --initial-peers the run's "
+                         "bootstrap, and --run-id its id?", run_id, clock() - t0)
+                said = clock()
+    if version is None:
+        how = "resumed" if own else "started"
+        log.info("no other learner of run %r found: this learner %s it", run_id,
+                 "resumes" if own else "starts")
+    else:
+        others = {p: r for p, r in node.run_configs().items() if p != node.peer_id}
+        check(others, run_config(cfg, task), "learner", run_id)  # a different config: refused with both values
+        if own:
+            how = "resumed"
+            log.info("rejoining run %r (%s): this learner's out dir %s was part of it", run_id,
+                     describe_run(learners, version), out)
+        elif cfg.net.join:
+            how = "joined"
+            log.info("joining run %r (--join): %s", run_id, describe_run(learners, version))
+        else:
+            raise RunIdTaken(taken_message(run_id, learners, version, previous))
+    _remember(out, run_id, node.peer_id, how)
+    return how

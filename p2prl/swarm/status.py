@@ -2,6 +2,10 @@
 
 Peers of other runs seen in the DHT (every peer announces its run under ``RUNS_KEY``) are listed
 with their run id, e.g. a sampler that waits under a mistyped ``--run-id``.
+
+The run's trust is read from the DHT too (``trust_view``): a run whose learners publish a run authority's record
+is shown as an authority run even without ``--authority``, though only with the authority's key is the record
+checked (and the learners it does not authorize hidden).
 """
 
 from __future__ import annotations
@@ -11,12 +15,47 @@ import time
 from collections import Counter
 
 from p2prl.config import Config
-from p2prl.swarm.authority import Trust
+from p2prl.swarm.authority import Trust, records_found
+from p2prl.swarm.dht import key
 from p2prl.swarm.node import SwarmNode
 
 
+def trust_view(node: SwarmNode, run_id: str) -> dict:
+    """The run's trust as this peer can tell it: ``mode`` "open" or "authority"; ``verified``: the run record was
+    checked against ``node.trust``'s authority key; ``authority`` (that key, or None), ``learners`` (authorized by
+    the newest record), ``expires``, ``records`` (distinct run records of the run in the DHT; unverified: anyone may
+    publish one). Without a key, run records in the DHT make it an (unverified) authority run."""
+    t = node.trust
+    if not t.open:
+        rec = t.record
+        return {"mode": "authority", "verified": True, "authority": t.authority,
+                "learners": len(rec.learners) if rec else None, "expires": rec.expires if rec else None,
+                "records": int(rec is not None)}
+    found = records_found(node._get_dict(key(run_id, "authority")), run_id)  # what learners republish
+    if not found:
+        return {"mode": "open", "verified": False, "authority": None, "learners": None, "expires": None, "records": 0}
+    return {"mode": "authority", "verified": False, "authority": None, "learners": len(found[0].learners),
+            "expires": found[0].expires, "records": len(found)}
+
+
+def describe_trust(view: dict) -> str:
+    """``trust_view`` in one line (the last line of ``p2prl status``)."""
+    if view["mode"] == "open":
+        return "trust: open (no run authority's record in the DHT: anyone may publish versions)"
+    when = time.strftime("%Y-%m-%d", time.gmtime(view["expires"])) if view["expires"] is not None else None
+    expiry = "" if when is None else f", expired on {when}" if view["expires"] <= time.time() else f", expires {when}"
+    if view["verified"]:
+        if view["learners"] is None:
+            return f"trust: authority {view['authority'][:12]}, 0 learners (no valid run record seen)"
+        return f"trust: authority {view['authority'][:12]}, {view['learners']} learners{expiry}"
+    several = f"{view['records']} different run records, the newest" if view["records"] > 1 else "its run record"
+    return (f"trust: authority run, not verified ({several} lists {view['learners']} learners{expiry}); pass "
+            "--authority KEY (the run's trust.authority) to check it and hide learners it does not authorize")
+
+
 def snapshot(node: SwarmNode, run_id: str) -> dict:
-    """The run's live peers (rows), its latest version and the other runs' peers by role, from the DHT."""
+    """The run's live peers (rows), its latest version, its trust (``trust_view``) and the other runs' peers by role,
+    from the DHT."""
     node.refresh_trust()
     peers = node.peers()
     latest = node.latest_policy()
@@ -38,7 +77,7 @@ def snapshot(node: SwarmNode, run_id: str) -> dict:
     for r in runs.values():
         if r.run_id != run_id:
             others.setdefault(r.run_id, Counter())[r.role] += 1
-    return {"run_id": run_id, "policy_version": version, "peers": rows,
+    return {"run_id": run_id, "policy_version": version, "peers": rows, "trust": trust_view(node, run_id),
             "other_runs": {k: dict(v) for k, v in sorted(others.items())}}
 
 
@@ -72,6 +111,8 @@ def render(snap: dict):
     for r in snap["peers"]:  # the peers each learner bans now (its latest few), by full id so they can be looked up
         if r["banned_ids"]:
             parts.append(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
+    if "trust" in snap:
+        parts.append(describe_trust(snap["trust"]))
     return Group(*parts)
 
 
@@ -87,15 +128,11 @@ def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, 
     finally:
         node.shutdown()
     if as_json:
-        snap["trust"] = {"authority": cfg.trust.authority or None,
-                         "learners": len(node.trust.record.learners) if node.trust.record else None}
         print(json.dumps(snap, indent=1))
         return 0
     from rich.console import Console
 
-    console = Console()
-    console.print(render(snap))
-    console.print(node.trust.describe())
+    Console().print(render(snap))  # its last line: the trust
     return 0
 
 

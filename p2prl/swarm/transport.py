@@ -147,8 +147,12 @@ class HivemindTransport:
         await self.p2p.shutdown()
 
     def visible_maddrs(self) -> list[str]:
+        """This peer's announced multiaddrs (none when its daemon listens on nothing: client mode)."""
         with self.lock:  # a local request, answered at once
-            return [str(m) for m in self.dht.get_visible_maddrs()]
+            try:
+                return [str(m) for m in self.dht.get_visible_maddrs()]
+            except ValueError:  # hivemind: "No multiaddrs found"
+                return []
 
     def shutdown(self) -> None:
         from p2prl.swarm.dht import shutdown_dht

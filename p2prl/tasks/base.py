@@ -8,11 +8,15 @@ they cannot disagree.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from p2prl.config import ConfigError
+
+log = logging.getLogger("p2prl.tasks")
+_RAW_SAID: set[tuple[str, str]] = set()  # (task, model) whose raw prompts were logged: once a process
 
 
 class TaskError(ConfigError):
@@ -64,6 +68,13 @@ def uses_chat_template(task: Task, tokenizer) -> bool:
     if task.chat == "always" and not has:
         raise TaskError(f"task {task.name!r} requires a chat template (task.chat_template='always') but the "
                         "model's tokenizer has none; use a chat model folder or set task.chat_template='never'")
+    if task.chat == "auto" and not has:
+        said = (task.name, str(getattr(tokenizer, "name_or_path", "") or ""))
+        if said not in _RAW_SAID:
+            _RAW_SAID.add(said)
+            log.info("task %r: the model's tokenizer%s has no chat template, so prompts are raw text "
+                     "(task.chat_template='auto'); set task.chat_template='never' to say so, or 'always' to require "
+                     "a chat model", task.name, f" ({said[1]})" if said[1] else "")
     return task.chat == "always" or (task.chat == "auto" and has)
 
 

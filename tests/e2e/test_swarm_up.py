@@ -107,3 +107,64 @@ def test_swarm_up_ends_with_a_summary_and_a_rerun_reports_the_saved_figures(tmp_
     rerun = json.loads(again.stdout[again.stdout.index("\n{") + 1:])
     assert rerun["complete_before"] is True and rerun["version"] == 4
     assert (rerun["base_acc"], rerun["final_acc"], rerun["best_acc"]) == (base, evals[-1], best)
+
+
+def test_swarm_up_names_a_learner_that_refuses_to_start_and_its_log_says_why(tmp_path):
+    ckpt = tmp_path / "learner" / "checkpoint"  # a checkpoint of another config: the learner refuses it
+    ckpt.mkdir(parents=True)
+    (ckpt / "state.json").write_text(json.dumps({"identity": {"algo": {"name": "another"}}, "version": 1}))
+    up = subprocess.Popen(swarm_up(tmp_path, "train.steps=4"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT, start_new_session=True)
+    tree: set[tuple[int, int]] = set()
+    try:
+        wait_for(lambda: (tree.update(descendants(up.pid)), up.poll() is not None)[1], 180, "swarm up to end")
+        assert up.returncode == 2
+        out, err = up.communicate(timeout=10)
+        log = tmp_path / "logs" / "learner.log"
+        assert f"p2prl swarm up: learner died (exit code 2); the last lines of {log}:" in err, err
+        assert "p2prl swarm up: stopping the other peers" in err, err
+        said = "was made with another config"
+        assert f"p2prl join: error: checkpoint in {ckpt} {said}" in err and err.count("p2prl join:") == 1, err
+        text = log.read_text()
+        assert f"ERROR [learner] p2prl: checkpoint in {ckpt} {said}" in text, text
+        assert "Traceback" not in text and "Traceback" not in err, err
+        wait_for(lambda: not alive(tree), 15, "every process of the tree to stop")
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in alive(tree):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _writes_to(pid: int, path: Path) -> bool:
+    try:
+        return os.readlink(f"/proc/{pid}/fd/1") == str(path)
+    except OSError:
+        return False
+
+
+def test_swarm_up_names_a_peer_that_dies_and_stops_the_others(tmp_path):
+    up = subprocess.Popen(swarm_up(tmp_path, "train.steps=100000"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, cwd=ROOT, start_new_session=True)
+    tree: set[tuple[int, int]] = set()
+    try:
+        wait_for(lambda: len(read_jsonl(tmp_path / "learner" / "train_log.jsonl")) >= 2, 180, "training")
+        tree = descendants(up.pid)
+        log = tmp_path / "logs" / "sampler0.log"
+        sampler = [pid for pid, _ in tree if _writes_to(pid, log) and _stat(pid)[0] == up.pid]
+        assert len(sampler) == 1, tree
+        os.kill(sampler[0], signal.SIGKILL)
+        assert up.wait(timeout=60) == 1
+        out, err = up.communicate(timeout=10)
+        assert f"p2prl swarm up: sampler0 died (killed by SIGKILL (out of memory? see dmesg)); the last lines of " \
+               f"{log}:\n    " in err, err
+        assert "p2prl swarm up: stopping the other peers" in err and "learner died" not in err, err
+        wait_for(lambda: not alive(tree), 15, "every process of the tree to stop")
+        for name in ("bootstrap", "learner"):
+            text = (tmp_path / "logs" / f"{name}.log").read_text(errors="replace")
+            assert "caught SIGTERM" in text, name
+    finally:
+        if up.poll() is None:
+            up.kill()
+        for pid in alive(tree):
+            os.kill(pid, signal.SIGKILL)

@@ -165,8 +165,10 @@ def test_lora_train_runs_from_the_cli_and_resumes_bit_identically(tmp_path):
 DISK_SCRIPT = """
 set -u
 mount -t tmpfs -o size=2500k tmpfs "$MNT"          # room for one checkpoint after a step (1.6 MB), not two
+"$PY" -m p2prl.cli train train.out_dir="$MNT/new" task.heldout_size=16 --no-progress 2>"$OUT/pre.err"
+echo $? >"$OUT/pre.rc"                              # refused at start: no room for two checkpoints
 "$PY" -m p2prl.cli train train.out_dir="$MNT/run" train.steps=6 train.checkpoint_every=1 train.groups_per_step=4 \
-    task.heldout_size=16 --no-progress 2>"$OUT/full.err"
+    task.heldout_size=16 train.check_disk=false --no-progress 2>"$OUT/full.err"
 echo $? >"$OUT/full.rc"
 cp "$MNT/run/checkpoint/state.json" "$OUT/state.json"
 ls -a "$MNT/run" >"$OUT/after_full.ls"
@@ -177,7 +179,8 @@ echo $? >"$OUT/ro.rc"
 
 
 def test_a_full_then_read_only_disk_stops_training_with_the_path_and_free_space(tmp_path):
-    """A real full disk (a 2.5 MB tmpfs in a private mount namespace) and then the same disk read-only."""
+    """A real full disk (a 2.5 MB tmpfs in a private mount namespace): a new run is refused at its start; one that
+    skips that check stops at the write that fails; then the same disk read-only."""
     import os
     import shutil
 
@@ -189,7 +192,10 @@ def test_a_full_then_read_only_disk_stops_training_with_the_path_and_free_space(
     out.mkdir()
     env = dict(os.environ, MNT=str(mnt), OUT=str(out), PY=sys.executable)
     subprocess.run(["unshare", "-m", "sh", "-c", DISK_SCRIPT], env=env, timeout=300, check=True)
-    err = (out / "full.err").read_text()
+    err = (out / "pre.err").read_text()
+    assert (out / "pre.rc").read_text().strip() == "2" and f"train.out_dir='{mnt}/new' has " in err, err
+    assert "free, and a run of this model needs about" in err and "Traceback" not in err, err
+    err = (out / "full.err").read_text()  # started past that check: the write that fails stops it
     assert (out / "full.rc").read_text().strip() == "2", err
     assert f"could not write a checkpoint to {mnt}/run/checkpoint.tmp" in err and "free there" in err, err
     assert "the last good checkpoint" in err and "Traceback" not in err, err

@@ -75,11 +75,12 @@ class Peers:
         return f
 
     def join(self, name: str, role: str, maddr: str | Path, *overrides: str, out: Path | None = None,
-             config: Path | None = None) -> subprocess.Popen:
+             config: Path | None = None, join: bool = False) -> subprocess.Popen:
         """``maddr``: the bootstrap's multiaddr, or its multiaddrs file (``bootstrap_file``); ``config``: a TOML
-        config file (FAST and ``overrides`` apply over it)."""
+        config file (FAST and ``overrides`` apply over it); ``join``: a learner joins the run already training
+        (``--join``; a learner started without it refuses to start in a run it finds, unless ``out`` was part of it)."""
         via = [f"net.initial_peers_file={maddr}"] if isinstance(maddr, Path) else ["--initial-peers", maddr]
-        args = ["join", "--role", role, "--loopback", "--no-progress", "--json",
+        args = ["join", "--role", role, *(["--join"] if join else []), "--loopback", "--no-progress", "--json",
                 *(["--config", str(config)] if config else []), *via, *FAST,
                 *overrides]  # --json: the summary at the end as JSON (last_json)
         if out is not None:

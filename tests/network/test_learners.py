@@ -91,7 +91,7 @@ def test_late_learner_loads_state_from_peers_and_ends_identical(peers, tmp_path)
     peers.join("s0", "sampler", maddr, *LEARNERS)
     peers.join("s1", "sampler", maddr, *LEARNERS)
     wait_for(lambda: last_version(a) >= 4, 180, "learner a to reach v4 alone")
-    peers.join("b", "learner", maddr, *LEARNERS, "train.steps=1000", out=b)  # empty out dir: nothing on disk
+    peers.join("b", "learner", maddr, *LEARNERS, "train.steps=1000", out=b, join=True)  # empty out dir: nothing on disk
     def averaged_together():
         return sum(1 for l in read_jsonl(b / "train_log.jsonl") if l.get("learners") == 2) >= 4
     wait_for(averaged_together, 180, "b to catch up and average 4 rounds with a")
@@ -124,7 +124,8 @@ def test_killed_learner_and_slow_peers(peers, tmp_path):
     maddr = peers.bootstrap()
     outs = {x: tmp_path / x for x in "abc"}
     for x, out in outs.items():
-        peers.join(x, "learner", maddr, *LEARNERS, "train.steps=1000", *(["testing.slowdown=3"] if x == "b" else []), out=out)
+        peers.join(x, "learner", maddr, *LEARNERS, "train.steps=1000", *(["testing.slowdown=3"] if x == "b" else []), out=out,
+                   join=x != "a")  # a starts the run, b and c join it
     acks = [tmp_path / f"s{i}.acks" for i in range(2)]
     for i, f in enumerate(acks):
         slow = ["testing.slowdown=5", "staleness.delay=fixed", "staleness.delay_versions=4"] if i else []
@@ -192,7 +193,7 @@ def test_groups_of_a_lost_history_are_retrained(peers, tmp_path):
     b_acked = set(acks[1].read_text().split())
     assert last_version(b) >= 2 and b_acked
 
-    peers.join("b2", "learner", m1, *b_args, out=b)  # same identity and out dir, now in a's swarm
+    peers.join("b2", "learner", m1, *b_args, out=b)  # same identity and out dir (run.json: run 'test'), in a's swarm
     def retrained():
         try:
             return not acknowledged_missing(history([a, b]), acks)
@@ -239,7 +240,7 @@ def churn(peers: Peers, tmp_path: Path) -> dict:
         key = f"{name}-{starts[name]}"  # a fresh log per incarnation
         if name in learners:  # same identity and out dir: resumes from its checkpoint, then catches up
             peers.procs[name] = peers.join(key, "learner", maddr, *settings, f"net.identity_path={tmp_path / name}.id",
-                                           out=learners[name])
+                                           out=learners[name], join=name != "l0")  # l0 starts the run, l1 joins it
         else:
             peers.procs[name] = peers.join(key, "sampler", maddr, *settings, f"testing.ack_log={acks[name]}")
 

@@ -91,8 +91,11 @@ def test_monitor_page_in_headless_chromium_matches_the_live_swarm(peers, tmp_pat
                        ("bytes_out", "p2prl_weights_served_bytes_total"), ("banned", "p2prl_banned_peers")]:
         between(lrow[cell], name, learner, learner_after)
     assert float(lrow["groups"]) >= 8 and float(lrow["bytes_in"]) > 0 and float(lrow["bytes_out"]) > 0
-    rejected = sum(v for k, v in learner.items() if k.startswith("p2prl_groups_total{outcome=rejected,"))
-    rejected_after = sum(v for k, v in learner_after.items() if k.startswith("p2prl_groups_total{outcome=rejected,"))
+    # the page's "rejected": every reason but stale (a group refused as stale is "dropped" on the page)
+    rejected = sum(v for k, v in learner.items() if k.startswith("p2prl_groups_total{outcome=rejected,")
+                   and k != "p2prl_groups_total{outcome=rejected,reason=stale}")
+    rejected_after = sum(v for k, v in learner_after.items() if k.startswith("p2prl_groups_total{outcome=rejected,")
+                         and k != "p2prl_groups_total{outcome=rejected,reason=stale}")
     assert rejected <= float(lrow["rejected"]) <= rejected_after
     between(srow["groups"], "p2prl_groups_made_total", sampler, sampler_after)
     between(srow["version"], "p2prl_policy_version", sampler, sampler_after)

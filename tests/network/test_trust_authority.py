@@ -95,7 +95,7 @@ def test_learner_added_later_loads_signed_state_and_averages(peers, tmp_path, ca
     wait_for(lambda: len(read_jsonl(la / "train_log.jsonl")) >= 4, 180, "learner a to reach v3 alone")
     assert main(["run", "add-learner", str(auth), "--identity", str(tmp_path / "b.id")]) == 0
     peers.join("b", "learner", maddr, *run, *trust, f"trust.run_record={auth / 'run.record'}",
-               f"net.identity_path={tmp_path / 'b.id'}", out=lb)
+               f"net.identity_path={tmp_path / 'b.id'}", out=lb, join=True)
     wait_for(lambda: sum(1 for l in read_jsonl(lb / "train_log.jsonl") if l.get("learners") == 2) >= 2, 240,
              "b to load a's state and average 2 rounds with a")
     loaded = [l for l in read_jsonl(lb / "train_log.jsonl") if "loaded_from" in l]

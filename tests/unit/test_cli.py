@@ -150,11 +150,3 @@ def test_end_of_run_summary_for_a_person():
 
 
 
-def test_a_samplers_summary_tells_accepted_confirmed_and_unconfirmed_groups():
-    from p2prl.metrics import format_summary
-
-    s = {"groups_made": 96, "send/accepted": 90, "acked/trained": 0, "unsettled": 90}
-    first, second = format_summary(s, "sampler").splitlines()[:2]
-    assert first == "sampler stopped: 96 groups made, 90 accepted by learners, 0 confirmed trained"
-    assert second.startswith("  90 groups not yet confirmed trained or dropped when it stopped")
-    assert "not yet confirmed" not in format_summary({**s, "acked/trained": 90, "unsettled": 0}, "sampler")

@@ -1,0 +1,118 @@
+"""What a sampler shows the person running it: a progress line on a terminal, a status line in its log once a
+minute otherwise, and the end-of-run summary.
+
+``Sampler.snapshot()`` takes the numbers; the functions here only read them, so they are tested on hand-built
+snapshots and summaries (tests/unit/test_sampler_report.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+
+STATUS_EVERY_S = 60.0  # without a progress bar: one status line in the log this often
+BAR_EVERY_S = 0.5  # with one: the bar's numbers are refreshed this often at most
+
+
+@dataclass(frozen=True)
+class SamplerSnapshot:
+    version: int  # the policy version the sampler generates with
+    newest: int  # the newest version it knows a learner published (records, replies, heartbeats)
+    made: int  # groups generated
+    accepted: int  # groups learners accepted into their queues
+    trained: int  # groups learners confirmed trained
+
+    @property
+    def lag(self) -> int:
+        """Versions behind the newest known policy."""
+        return max(0, self.newest - self.version)
+
+
+def progress_postfix(s: SamplerSnapshot) -> str:
+    """What the progress bar shows after its count and rate of groups made."""
+    return f"v{s.version} lag {s.lag}, {s.accepted} accepted, {s.trained} confirmed trained"
+
+
+def status_line(s: SamplerSnapshot, rate: float) -> str:
+    """The log's once-a-minute line where there is no progress bar; ``rate``: groups made per second lately."""
+    return (f"policy v{s.version} (lag {s.lag}): {s.made} groups made, {s.accepted} accepted, "
+            f"{s.trained} confirmed trained, {rate:.2f} groups/s")
+
+
+class SamplerProgress:
+    """A tqdm bar of groups made while ``show`` (a terminal, progress on), log lines meanwhile printed above it;
+    otherwise a ``status_line`` in the log every ``every_s``."""
+
+    def __init__(self, show: bool, log: logging.Logger, every_s: float = STATUS_EVERY_S, clock=time.monotonic):
+        self.show, self.log, self.every_s, self.clock = show, log, every_s, clock
+        self.bar = None
+        self.last = self.clock()
+        self.last_made = 0
+        self._stack = contextlib.ExitStack()
+
+    def start(self, s: SamplerSnapshot) -> None:
+        self.last, self.last_made = self.clock(), s.made
+        if not self.show:
+            return
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        from p2prl.metrics import progress_bar
+
+        self.bar = progress_bar(desc="sampler", unit=" groups", initial=s.made)
+        self.bar.set_postfix_str(progress_postfix(s))
+        self._stack.enter_context(logging_redirect_tqdm())  # a log line goes above the bar, not through it
+
+    def update(self, s: SamplerSnapshot) -> None:
+        now = self.clock()
+        if self.bar is not None:
+            if s.made == self.bar.n and now - self.last < BAR_EVERY_S:
+                return
+            self.bar.set_postfix_str(progress_postfix(s), refresh=False)
+            if s.made != self.bar.n:
+                self.bar.update(s.made - self.bar.n)  # redrawn at tqdm's own pace
+            else:
+                self.bar.refresh()
+            self.last = now
+            return
+        if not self.show and now - self.last >= self.every_s > 0:
+            self.log.info("%s", status_line(s, (s.made - self.last_made) / (now - self.last)))
+            self.last, self.last_made = now, s.made
+
+    def close(self, s: SamplerSnapshot | None = None) -> None:
+        """Stop showing; ``s``: the final numbers, for the bar's last line."""
+        if self.bar is not None:
+            if s is not None:
+                self.bar.set_postfix_str(progress_postfix(s), refresh=False)
+                self.bar.update(s.made - self.bar.n)
+            self.bar.close()
+            self.bar = None
+        self._stack.close()
+
+
+def format_summary(summary: dict) -> str:
+    """A sampler's end of run for a person (``run_sampler``'s summary). Groups a learner accepted but has not yet
+    confirmed are not lost with the sampler: they stay in that learner's queue and ledger, which trains them (or
+    drops them as stale) whether or not this sampler still runs; only its confirmation is not heard any more."""
+    made, accepted, trained = (summary.get(k, 0) for k in ("groups_made", "send/accepted", "acked/trained"))
+    # stale on arrival or in the learner's queue: the staleness rule at work (as the learner's summary counts them)
+    dropped = summary.get("acked/dropped", 0) + summary.get("send/rejected/stale", 0)
+    rejected = summary.get("acked/rejected", 0) + sum(n for k, n in summary.items()
+                                                      if k.startswith("send/rejected/") and k != "send/rejected/stale")
+    awaiting = summary.get("awaiting_confirmation", 0)
+    head = f"sampler stopped: {made} groups made, {accepted} accepted by learners, {trained} confirmed trained"
+    if awaiting:
+        head += f", {awaiting} still awaiting the learner's confirmation"
+    lines = [head + "".join(f", {n} {what}" for n, what in ((dropped, "dropped as stale"), (rejected, "rejected"))
+                            if n)]
+    if awaiting:
+        lines.append(f"  the {awaiting} awaiting confirmation stay with the learner that accepted them: it trains "
+                     "them (or drops them as stale) whether or not this sampler runs")
+    if summary.get("in_flight"):
+        lines.append(f"  {summary['in_flight']} were on their way to a learner when it stopped (it may have taken "
+                     "them)")
+    if summary.get("unsent"):
+        lines.append(f"  {summary['unsent']} made but not yet sent when it stopped are not used")
+    lines.append("  (`--json` prints this summary as JSON)")
+    return "\n".join(lines)

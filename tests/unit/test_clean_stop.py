@@ -1,0 +1,99 @@
+"""A peer's stop prints no library error lines: p2pd's shutdown line is filtered, and ``shutdown_dht`` neither waits
+for ever on a DHT process whose p2pd a group signal (Ctrl-C) stopped nor lets hivemind's "the hard way" warning out."""
+
+import logging
+import os
+import threading
+import time
+
+import pytest
+
+from p2prl import log as p2prl_log
+from p2prl.swarm import dht as dht_mod
+
+
+class Collect(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def hivemind_lines():
+    """What reaches the handlers of hivemind's loggers (they do not propagate to the root logger)."""
+    got = Collect()
+    loggers = [logging.getLogger(n) for n in (p2prl_log.P2PD_LOGGER, "hivemind.dht.dht")]
+    for lg in loggers:
+        lg.addHandler(got)
+    yield got.records
+    for lg in loggers:
+        lg.removeHandler(got)
+
+
+def test_p2pds_closed_socket_line_is_dropped_and_its_other_lines_pass(hivemind_lines):
+    p2prl_log.drop_known_shutdown_lines()
+    p2prl_log.drop_known_shutdown_lines()  # once only
+    p2pd = logging.getLogger(p2prl_log.P2PD_LOGGER)
+    assert sum(isinstance(f, p2prl_log.DropLines) for f in p2pd.filters) == 1
+    p2pd.error("error accepting connection: accept unix /tmp/hivemind-p2pd-x.sock: use of closed network connection")
+    p2pd.error("error accepting connection: too many open files")
+    p2pd.warning("failed to dial: no route")
+    assert [r.getMessage() for r in hivemind_lines] == ["error accepting connection: too many open files",
+                                                        "failed to dial: no route"]
+
+
+class FakeDHT:
+    """hivemind.DHT's stop as seen from the peer: ``shutdown`` asks, waits ``shutdown_timeout`` and warns; a DHT
+    process stops on its own after ``stops_in`` seconds (None: never, as when its p2pd is gone)."""
+
+    def __init__(self, stops_in: float | None):
+        self.pid, self.shutdown_timeout, self.killed = os.getpid(), 3.0, False
+        self.stopped = threading.Event()
+        self.stops_in = stops_in
+
+    def is_alive(self):
+        return not self.stopped.is_set()
+
+    def shutdown(self):
+        if self.stops_in is not None:
+            threading.Timer(self.stops_in, self.stopped.set).start()
+        if not self.stopped.wait(self.shutdown_timeout):
+            logging.getLogger("hivemind.dht.dht").warning(
+                "DHT did not shut down within the grace period; terminating it the hard way")
+
+    def join(self, timeout=None):
+        self.stopped.wait(timeout)
+
+    def kill(self):
+        self.killed = True
+        self.stopped.set()
+
+
+def test_a_dht_process_whose_p2pd_is_gone_is_killed_at_once_and_quietly(monkeypatch, hivemind_lines):
+    monkeypatch.setattr(dht_mod, "_p2pd_gone", lambda pid: True)
+    d = FakeDHT(stops_in=None)
+    t = time.monotonic()
+    dht_mod.shutdown_dht(d, grace_s=30)
+    assert d.killed and time.monotonic() - t < 5
+    assert not hivemind_lines
+
+
+def test_a_dht_process_that_outlives_its_grace_is_killed_without_hivemind_warning(monkeypatch, hivemind_lines,
+                                                                                   caplog):
+    monkeypatch.setattr(dht_mod, "_p2pd_gone", lambda pid: False)
+    d = FakeDHT(stops_in=None)
+    with caplog.at_level(logging.DEBUG, logger="p2prl.dht"):
+        dht_mod.shutdown_dht(d, grace_s=0.3)
+    assert d.killed and not hivemind_lines
+    assert "the DHT process is killed: it did not stop within 0.3 s" in caplog.text
+    assert not logging.getLogger("hivemind.dht.dht").filters  # only while it stops
+
+
+def test_an_orderly_stop_is_waited_for(monkeypatch, hivemind_lines):
+    monkeypatch.setattr(dht_mod, "_p2pd_gone", lambda pid: False)
+    d = FakeDHT(stops_in=0.2)
+    dht_mod.shutdown_dht(d, grace_s=5)
+    assert not d.killed and not d.is_alive() and not hivemind_lines

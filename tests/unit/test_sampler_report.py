@@ -1,0 +1,140 @@
+"""What a volunteer's sampler shows: the progress line, the log's status line, routine events at DEBUG, the summary."""
+
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from p2prl.config import load_config
+from p2prl.sampler.loop import Sampler
+from p2prl.sampler.outbox import Outbox
+from p2prl.sampler.report import (SamplerProgress, SamplerSnapshot, format_summary, progress_postfix,
+                                  status_line)
+from p2prl.swarm.authority import Trust
+from p2prl.swarm.dht import PolicyRecord
+
+SNAP = SamplerSnapshot(version=12, newest=14, made=480, accepted=448, trained=384)
+
+
+def test_the_progress_line_tells_version_lag_and_groups_accepted_and_confirmed():
+    assert SNAP.lag == 2 and SamplerSnapshot(5, 3, 0, 0, 0).lag == 0
+    assert progress_postfix(SNAP) == "v12 lag 2, 448 accepted, 384 confirmed trained"
+    assert status_line(SNAP, 3.25) == ("policy v12 (lag 2): 480 groups made, 448 accepted, 384 confirmed trained, "
+                                       "3.25 groups/s")
+
+
+class Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_without_a_terminal_the_log_gets_a_status_line_once_a_minute(caplog):
+    clock = Clock()
+    shown = SamplerProgress(False, logging.getLogger("p2prl.sampler.core"), every_s=60, clock=clock)
+    with caplog.at_level(logging.INFO, logger="p2prl.sampler.core"):
+        shown.start(SamplerSnapshot(0, 0, 0, 0, 0))
+        clock.t += 30
+        shown.update(SamplerSnapshot(3, 3, 60, 40, 20))
+        assert not caplog.records
+        clock.t += 30
+        shown.update(SNAP)
+        shown.close()
+    assert [r.getMessage() for r in caplog.records] == [status_line(SNAP, 8.0)]
+    assert shown.bar is None
+
+
+def test_on_a_terminal_a_bar_counts_groups_made_and_shows_the_line(capsys, caplog):
+    clock = Clock()
+    shown = SamplerProgress(True, logging.getLogger("p2prl.sampler.core"), clock=clock)
+    with caplog.at_level(logging.INFO, logger="p2prl.sampler.core"):
+        shown.start(SamplerSnapshot(12, 12, 0, 0, 0))
+        clock.t += 120
+        shown.update(SNAP)
+        assert str(shown.bar).startswith("sampler: 480 groups [") and progress_postfix(SNAP) in str(shown.bar)
+        shown.close(SamplerSnapshot(12, 14, 484, 448, 384))  # the last groups made count too
+    last = capsys.readouterr().err.split("\r")[-1]
+    assert last.startswith("sampler: 484 groups [") and " groups/s, " + progress_postfix(SNAP) in last
+    assert not caplog.records  # no status lines beside the bar
+
+
+def sampler() -> Sampler:
+    cfg = load_config(None, [])
+    core = SimpleNamespace(version=0, weights_sha256="", groups_made=0, load=lambda blob, v, sha: None)
+    return Sampler(cfg, SimpleNamespace(peer_id="S" * 12, trust=Trust("", "run")), core=core)
+
+
+@pytest.mark.parametrize("bar", [True, False])
+def test_with_a_progress_bar_only_the_first_loaded_version_is_an_info_line(caplog, bar):
+    s = sampler()
+    s.shows_progress = bar
+    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.core"):
+        for v in (0, 1, 2):
+            s.load("L" * 12, PolicyRecord(version=v, sha256=f"{v:x}" * 64, size=1), bytearray(b"w"))
+    loaded = [r for r in caplog.records if r.getMessage().startswith("loaded policy")]
+    later = logging.DEBUG if bar else logging.INFO  # a log without a bar keeps its line per version
+    assert [r.levelno for r in loaded] == [logging.INFO, later, later]
+
+
+def test_the_lag_counts_from_the_newest_version_learners_published():
+    s = sampler()
+    s.core.version = 4
+    s.saw(9)
+    s.saw(7)
+    assert s.snapshot().lag == 5 and s.snapshot().newest == 9
+
+
+def outbox(n: int) -> Outbox:
+    flow = load_config(None, []).flow
+    box = Outbox(flow, 4, lambda n: 1.0)
+    for i in range(n):
+        box.add(SimpleNamespace(group_id=f"S/{i}"), b"x")
+    return box
+
+
+def test_busy_answers_and_repeated_failures_are_debug_lines_after_the_first(caplog):
+    box = outbox(4)
+    _, batch = box.next_batch([SimpleNamespace(peer_id="L1", queue_depth=0, throughput=0.0)], 1.0, 0.0, 10**6)
+    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.core"):
+        box.batch_answered("L1", [p.group.group_id for p in batch], [("busy", "")] * len(batch), 4, 0, 0.1, 0.0)
+        for _ in range(3):
+            box.failed("L1", "asking for acks (TimeoutError)", 0.0)
+    levels = [(r.levelno, r.getMessage().split(":")[0]) for r in caplog.records]
+    busy = [level for level, msg in levels if msg.startswith("learner L1 busy")]
+    assert busy == [logging.INFO] + [logging.DEBUG] * (len(batch) - 1) and len(batch) > 1
+    failures = [level for level, msg in levels if "failed; backing off" in msg]
+    assert failures == [logging.INFO, logging.DEBUG, logging.DEBUG]
+    assert box.counts["send/busy"] == len(batch)
+
+
+def test_whereabouts_of_the_groups_still_in_the_outbox():
+    box = outbox(6)
+    learner = [SimpleNamespace(peer_id="L1", queue_depth=0, throughput=0.0)]
+    _, batch = box.next_batch(learner, 1.0, 0.0, 10**6)  # a window of 4
+    assert box.whereabouts() == {"awaiting_confirmation": 0, "in_flight": 4, "unsent": 2}
+    ids = [p.group.group_id for p in batch]
+    box.batch_answered("L1", ids, [("accepted", "")] * 3 + [("busy", "")], 4, 10, 0.1, 0.0)
+    assert box.whereabouts() == {"awaiting_confirmation": 3, "in_flight": 0, "unsent": 3}
+
+
+def test_a_short_run_with_unconfirmed_groups_does_not_read_as_wasted_work():
+    s = {"groups_made": 176, "send/accepted": 164, "acked/trained": 0, "unsettled": 176,
+         "awaiting_confirmation": 164, "in_flight": 0, "unsent": 12}
+    first, second, third, *_ = format_summary(s).splitlines()
+    assert first == ("sampler stopped: 176 groups made, 164 accepted by learners, 0 confirmed trained, "
+                     "164 still awaiting the learner's confirmation")
+    assert second == ("  the 164 awaiting confirmation stay with the learner that accepted them: it trains them "
+                      "(or drops them as stale) whether or not this sampler runs")
+    assert third == "  12 made but not yet sent when it stopped are not used"
+
+
+def test_a_settled_run_names_trained_dropped_and_rejected_groups_only():
+    s = {"groups_made": 100, "send/accepted": 96, "acked/trained": 90, "acked/dropped": 3, "send/rejected/stale": 1,
+         "send/rejected/bad": 2,
+         "unsettled": 0, "awaiting_confirmation": 0, "in_flight": 0, "unsent": 0}
+    text = format_summary(s)
+    assert text.splitlines()[0] == ("sampler stopped: 100 groups made, 96 accepted by learners, 90 confirmed "
+                                    "trained, 4 dropped as stale, 2 rejected")
+    assert "awaiting" not in text and "not yet sent" not in text and "--json" in text
