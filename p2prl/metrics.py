@@ -86,8 +86,15 @@ def group_totals(counts: dict, trained: int) -> dict[str, int]:
             "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/"))) - stale}
 
 
-def plot_run(metrics: Path, png: Path) -> Path | None:
-    """Reward and held-out accuracy per version from ``metrics`` (JSONL) into ``png``; None without matplotlib."""
+def accuracy_points(rows: list[dict], base: tuple[int, float] | None = None) -> list[tuple[int, float]]:
+    """(version, held-out accuracy) of every evaluation in the metrics ``rows``, from ``base`` when none is of it."""
+    acc = [(r["step"], r["eval/heldout_acc"]) for r in rows if "eval/heldout_acc" in r]
+    return [base, *acc] if base is not None and all(v != base[0] for v, _ in acc) else acc
+
+
+def plot_run(metrics: Path, png: Path, base: tuple[int, float] | None = None) -> Path | None:
+    """Reward and held-out accuracy per version from ``metrics`` (JSONL) into ``png``, the accuracy from ``base``
+    ((version, accuracy) of the run's base policy, as the summary quotes it); None without matplotlib."""
     try:
         import matplotlib
 
@@ -97,7 +104,7 @@ def plot_run(metrics: Path, png: Path) -> Path | None:
         return None
     rows = read_jsonl(metrics)
     reward = [(r["step"], r["rollout/reward"]) for r in rows if "rollout/reward" in r]
-    acc = [(r["step"], r["eval/heldout_acc"]) for r in rows if "eval/heldout_acc" in r]
+    acc = accuracy_points(rows, base)
     fig, ax = plt.subplots(figsize=(7, 4))
     for points, label, style in ((reward, "mean reward of the batch", "-"), (acc, "held-out accuracy", "o-")):
         if points:
@@ -116,7 +123,8 @@ def plot_run(metrics: Path, png: Path) -> Path | None:
 
 def finish_run(out_dir: Path, summary: dict, paths: dict[str, Path | None]) -> dict:
     """Write ``<out_dir>/summary.json`` and ``<out_dir>/progress.png``; the summary with its ``paths``."""
-    plot = plot_run(out_dir / "metrics.jsonl", out_dir / "progress.png")
+    base = (0, summary["base_acc"]) if summary.get("base_acc") is not None else None  # the run's v0, the base
+    plot = plot_run(out_dir / "metrics.jsonl", out_dir / "progress.png", base)
     summary = {**summary, "paths": {k: str(v) for k, v in {**paths, "plot": plot}.items() if v is not None}}
     summary["paths"]["summary"] = str(out_dir / "summary.json")
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")

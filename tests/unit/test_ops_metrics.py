@@ -247,3 +247,12 @@ def test_the_plot_of_a_run_stopped_before_its_first_step_is_drawn_without_warnin
         warnings.simplefilter("error")  # matplotlib warns of a legend with nothing to label
         png = plot_run(tmp_path / "metrics.jsonl", tmp_path / "progress.png")
     assert png is not None and png.stat().st_size > 0
+
+
+def test_the_accuracy_curve_starts_at_the_base_accuracy_the_summary_quotes():
+    from p2prl.metrics import accuracy_points
+
+    rows = [{"step": 1, "rollout/reward": 0.5}, {"step": 10, "eval/heldout_acc": 0.7}]
+    assert accuracy_points(rows, (0, 0.26)) == [(0, 0.26), (10, 0.7)]
+    assert accuracy_points([{"step": 0, "eval/heldout_acc": 0.3}, *rows], (0, 0.26))[0] == (0, 0.3)
+    assert accuracy_points(rows) == [(10, 0.7)]
