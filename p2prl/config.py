@@ -390,6 +390,14 @@ class TrustConfig(_Section):
     honest samplers measured up to 0.03 (a bfloat16 sampler of a float32 model), a forgery putting GEPO/GRPO weights at
     the clip boundary about log(1 + algo.eps) = 0.18). Forged weights can move by at most about exp(tolerance)
     unseen."""
+    sampling_p: float = Field(1e-6, ge=0.0, lt=1.0)
+    """Learners: a spot-checked group is rejected (reason not_sampled) when its tokens are unlike a draw from the
+    distribution the run samples from (sampling.temperature, top_k, top_p) under the group's version: each token's
+    surprise, clamp(log pi(x_t) + H_t, -4, 4) centred on its mean under pi, summed over the group, is bounded by
+    Freedman's inequality for honest sampling, and a group whose bound falls under this is rejected (so at most this
+    share of honest groups is, whatever the model); greedy or cherry-picked text sits high, text from another model or
+    a hand-written payload low (docs/results.md, section sampling_check). A token outside the top-k / top-p support is
+    not sampled either. 0 = off."""
     spot_check_versions: int = Field(0, ge=0, le=65_536)
     """Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the staleness window
     (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With LoRA only adapters are

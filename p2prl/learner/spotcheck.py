@@ -17,6 +17,13 @@ since ``|mean(d)| <= mean(|d|)``, any forgery that moves a completion's weight b
 ``1 + eps`` has a statistic of at least ``log(1 + eps)``, less the honest engine noise. Honest
 samplers differ from the learner only by the inference engine (kernels, dtype), far less
 (``benchmarks/spot_check.py`` measures both and the default tolerance in docs/results.md).
+
+True log-probs of text that was not sampled (hand-written, from another model, greedy or cherry-picked) pass that
+check, so the same forward pass also tests the tokens themselves under the distribution the run samples from
+(temperature, top-k, top-p): the group's sampling test (``algo.mismatch.sampling_test``, a bound on how often honest
+sampling strays that far) must stay above ``trust.sampling_p``, and no token may lie outside the top-k / top-p
+support (``not_sampled``; ``benchmarks/sampling_check.py`` measures both sides in docs/results.md). The first
+``trust.spot_check_first`` groups of every sampler are checked whatever the fraction picks.
 """
 
 from __future__ import annotations
@@ -34,8 +41,8 @@ import numpy as np
 import torch
 
 from p2prl.config import Config
-from p2prl.policy import sequence_logprobs
-from p2prl.policy.model import left_pad
+from p2prl.algo.mismatch import sampling_test
+from p2prl.policy.model import SAMPLING_CLIP, left_pad, sampling_stats
 from p2prl.policy.weights import load_weights
 from p2prl.rollout.record import RecordError, RolloutGroup
 
@@ -114,18 +121,20 @@ class SpotChecker:
         t = cfg.trust
         self.fraction, self.first = t.spot_check_fraction, t.spot_check_first
         self.tolerance = t.spot_check_tolerance or DEFAULT_TOLERANCE
-        self.temperature = cfg.sampling.temperature
+        self.sampling = cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p
+        self.p_limit = t.sampling_p
         self.pad_id, self.salt = pad_id, salt
         self.keep_n = versions_needed(cfg)
         self.keep_bytes = int(t.spot_check_memory_mb * 2**20)
         self.model = scratch_copy(model) if self.fraction > 0 else None
         self.loaded: tuple[int, str] | None = None  # (version, sha256) in the scratch model
         self._versions: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
-        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, max_passed
+        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, seen, max_passed, max_z_passed
         self.counts: Counter[str] = Counter()
         self.failed_by_sampler: Counter[str] = Counter()
         self.seen: OrderedDict[str, int] = OrderedDict()  # sampler -> groups offered for a check (``first``)
         self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
+        self.max_z_passed = 0.0  # largest |z| of a group that passed the sampling test
         eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
         if self.fraction > 0 and self.tolerance >= math.log1p(eps):
             log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery "
@@ -156,30 +165,39 @@ class SpotChecker:
         return n < self.first or selected(self.salt, group_id, self.fraction)
 
     def check(self, g: RolloutGroup) -> str:
-        """``PASSED`` or ``SKIPPED`` (its version's weights are gone); raises ``RecordError("logprob_mismatch")``."""
+        """``PASSED`` or ``SKIPPED`` (its version's weights are gone); raises ``RecordError``: ``logprob_mismatch``
+        (a completion's log-probs are not the version's), ``not_sampled`` (its tokens are not a plausible draw)."""
         with self._lock:
             kept = self._versions.get(g.policy_version)
         if kept is None or kept[0] != g.weights_sha256:
             with self._lock:
                 self.counts[SKIPPED] += 1
             return SKIPPED
-        deviation = float(self.deviations(g, kept).max())
+        deviations, (z, p) = self.recompute(g, kept)
+        deviation = float(deviations.max())
         with self._lock:
-            if deviation <= self.tolerance:
+            if deviation <= self.tolerance and p >= self.p_limit:
                 self.counts[PASSED] += 1
                 self.max_passed = max(self.max_passed, deviation)
+                self.max_z_passed = max(self.max_z_passed, abs(z))
                 return PASSED
-            self.counts["failed"] += 1
+            self.counts["failed" if deviation > self.tolerance else "not_sampled"] += 1
             self.failed_by_sampler[g.sampler] += 1
             if len(self.failed_by_sampler) > MAX_SAMPLERS:
                 del self.failed_by_sampler[next(iter(self.failed_by_sampler))]
-        # twice the tolerance is far beyond any honest sampler measured (docs/results.md, section spot_check)
-        raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance {self.tolerance:.3g} "
-                                              f"at v{g.policy_version}", certain=deviation > 2 * self.tolerance)
+        if deviation > self.tolerance:
+            # twice the tolerance is far beyond any honest sampler measured (docs/results.md, section spot_check)
+            raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance "
+                                                  f"{self.tolerance:.3g} at v{g.policy_version}",
+                              certain=deviation > 2 * self.tolerance)
+        # a bound a thousand times under the limit: no honest sampler gets there in the life of a run
+        raise RecordError("not_sampled", f"the group's tokens are unlike sampling at v{g.policy_version} (z {z:.3g}, "
+                                         f"p <= {p:.2g} < {self.p_limit:g})", certain=p < self.p_limit / 1000)
 
     @torch.no_grad()
-    def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:
-        """Per completion of ``g``, the statistic against the recompute with ``kept`` = (sha256, weights)."""
+    def recompute(self, g: RolloutGroup, kept: tuple[str, bytes]) -> tuple[np.ndarray, tuple[float, float]]:
+        """Against the recompute with ``kept`` = (sha256, weights): the log-prob deviation of each completion of ``g``
+        (``sequence_deviation``, (G,)) and the group's sampling test, (z, p) (``algo.mismatch.sampling_test``)."""
         if self.loaded != (g.policy_version, kept[0]):
             self.loaded = None
             load_weights(self.model, kept[1])
@@ -190,18 +208,25 @@ class SpotChecker:
         comp = torch.from_numpy(g.tokens.astype(np.int64))
         on = torch.arange(comp.shape[1])[None, :] < torch.from_numpy(g.lengths.astype(np.int64))[:, None]
         comp = torch.where(on, comp, self.pad_id)  # past a completion's end the sampler's padding is not looked at
-        logp = sequence_logprobs(self.model, ids.to(device), mask.to(device), comp.to(device), self.temperature)
-        return sequence_deviation(g.logq, logp.float().cpu().numpy(), g.lengths)
+        stats = {k: v.float().cpu() for k, v in sampling_stats(self.model, ids.to(device), mask.to(device),
+                                                               comp.to(device), *self.sampling).items()}
+        test = sampling_test(stats["term"], stats["variance"], on, 2 * SAMPLING_CLIP)
+        return sequence_deviation(g.logq, stats["logp"].numpy(), g.lengths), test
+
+    def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:
+        """Per completion of ``g``, the log-prob deviation against the recompute with ``kept`` = (sha256, weights)."""
+        return self.recompute(g, kept)[0]
 
     def metrics(self) -> dict[str, float]:
         with self._lock:
             m = {f"spot/{k}": v for k, v in self.counts.items()}
             m["spot/max_passed"] = self.max_passed
+            m["spot/max_z_passed"] = self.max_z_passed
             m["spot/versions_kept"] = len(self._versions)
         return m
 
     def summary(self) -> dict:
         with self._lock:
             return {"fraction": self.fraction, "tolerance": self.tolerance, **self.counts,
-                    "max_passed": self.max_passed,
+                    "max_passed": self.max_passed, "max_z_passed": self.max_z_passed,
                     "failed_by_sampler": {s[-6:]: n for s, n in self.failed_by_sampler.items()}}

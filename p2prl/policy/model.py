@@ -209,6 +209,28 @@ _POST_HEAD = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 """Config fields of models whose logits are more than the output embedding of the final hidden state."""
 
 
+def _completion_states(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       completion_ids: torch.Tensor, chunk_elements: int):
+    """(hidden, head, rows): the (B*T, H) final hidden states at the positions that predict completion tokens (or
+    the whole logits, with ``head`` None, for models whose logits are more than ``head(hidden)``) and how many
+    rows of logits fit ``chunk_elements``."""
+    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
+    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
+    pos = (attn.cumsum(1) - 1).clamp(min=0)
+    P = prompt_ids.shape[1]
+    decoder, head = model.get_decoder(), model.get_output_embeddings()
+    config = model.config.get_text_config()
+    if decoder is model or head is None or any(getattr(config, k, None) not in (None, 1, 1.0) for k in _POST_HEAD):
+        # logits are not head(hidden): take them whole from the model
+        hidden, head = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits, None
+    else:
+        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
+    hidden = hidden[:, P - 1 : -1]  # (B, T, H or V) at the positions that predict completion tokens
+    flat = hidden.reshape(completion_ids.numel(), -1)
+    rows = max(1, chunk_elements // (config.vocab_size if head is not None else flat.shape[1]))  # logits rows per chunk
+    return flat, head, rows
+
+
 def sequence_logprobs(
     model: torch.nn.Module,
     prompt_ids: torch.Tensor,
@@ -228,21 +250,9 @@ def sequence_logprobs(
     ``chunk_elements`` logits, each recomputed in the backward pass (activation
     checkpointing), so the result stays exactly differentiable.
     """
-    ids = torch.cat([prompt_ids, completion_ids], dim=1)  # (B, P+T)
-    attn = torch.cat([prompt_mask, torch.ones_like(completion_ids)], dim=1)
-    pos = (attn.cumsum(1) - 1).clamp(min=0)
-    P = prompt_ids.shape[1]
-    decoder, head = model.get_decoder(), model.get_output_embeddings()
-    config = model.config.get_text_config()
-    if decoder is model or head is None or any(getattr(config, k, None) not in (None, 1, 1.0) for k in _POST_HEAD):
-        # logits are not head(hidden): take them whole from the model
-        hidden, head = model(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).logits, None
-    else:
-        hidden = decoder(input_ids=ids, attention_mask=attn, position_ids=pos, use_cache=False).last_hidden_state
-    hidden = hidden[:, P - 1 : -1]  # (B, T, H or V) at the positions that predict completion tokens
+    flat, head, rows = _completion_states(model, prompt_ids, prompt_mask, completion_ids, chunk_elements)
     B, T = completion_ids.shape
-    flat, tokens = hidden.reshape(B * T, -1), completion_ids.reshape(B * T)
-    rows = max(1, chunk_elements // (config.vocab_size if head is not None else flat.shape[1]))  # logits rows per chunk
+    tokens = completion_ids.reshape(B * T)
     checkpoint = torch.is_grad_enabled() and flat.requires_grad
 
     def chunk(h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
@@ -256,3 +266,60 @@ def sequence_logprobs(
         out.append(torch.utils.checkpoint.checkpoint(chunk, h, tok, use_reentrant=False) if checkpoint
                    else chunk(h, tok))
     return torch.cat(out).view(B, T)
+
+
+SUPPORT_SLACK = 0.25
+"""Nats below the least likely token a top-k / top-p truncation keeps within which a token still counts as in the
+support (an honest sampler in another dtype or engine draws near the cut-off too)."""
+
+SAMPLING_CLIP = 4.0
+"""Bound (nats) on each token's surprise term in ``sampling_stats``: one rare token cannot decide a test."""
+
+
+@torch.no_grad()
+def sampling_stats(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                   completion_ids: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
+                   clip: float = SAMPLING_CLIP, chunk_elements: int = LOGITS_CHUNK) -> dict[str, torch.Tensor]:
+    """What sampling from ``model`` at (``temperature``, ``top_k``, ``top_p``) makes of each completion token, as
+    (B, T) float32 tensors. ``logp``: the tempered, untruncated log-prob (as ``sequence_logprobs``). With pi the
+    truncated, renormalised distribution the token was drawn from, H its entropy and f(x) = clamp(log pi(x) + H,
+    -clip, clip) (how much likelier than typical x is): ``term`` = f(x_t) - E_pi[f] (-inf for a token outside pi's
+    support, ``SUPPORT_SLACK`` allowed) and ``variance`` = Var_pi[f]. Drawn honestly, ``term`` has mean 0 and that
+    variance given the prefix, and lies in [-2 clip, 2 clip]. Arguments as ``sequence_logprobs``."""
+    flat, head, rows = _completion_states(model, prompt_ids, prompt_mask, completion_ids, chunk_elements)
+    B, T = completion_ids.shape
+    tokens = completion_ids.reshape(B * T)
+    out: dict[str, list[torch.Tensor]] = {"logp": [], "term": [], "variance": []}
+    for i in range(0, B * T, rows):
+        logits = head(flat[i : i + rows]) if head is not None else flat[i : i + rows]
+        logp = torch.log_softmax(logits.float() / temperature, dim=1)  # (n, V)
+        kept = truncation(logp, top_k, top_p)
+        norm = torch.logsumexp(logp.masked_fill(~kept, -torch.inf), 1, keepdim=True)  # log of the kept mass
+        logpi = torch.where(kept, logp - norm, -torch.inf)
+        pi = logpi.exp()
+        entropy = -(pi * torch.where(kept, logpi, 0.0)).sum(1, keepdim=True)
+        f = torch.where(kept, (logpi + entropy).clamp(-clip, clip), 0.0)
+        mean = (pi * f).sum(1)
+        chosen = logp.gather(1, tokens[i : i + rows, None]).squeeze(1)
+        floor = logp.masked_fill(~kept, torch.inf).min(1).values - SUPPORT_SLACK  # the least likely kept, less slack
+        f_chosen = (chosen - norm[:, 0] + entropy[:, 0]).clamp(-clip, clip)
+        out["logp"].append(chosen)
+        out["term"].append(torch.where(chosen >= floor, f_chosen - mean, -torch.inf))
+        out["variance"].append(((pi * f**2).sum(1) - mean**2).clamp(min=0.0))
+    return {k: torch.cat(v).view(B, T) for k, v in out.items()}
+
+
+def truncation(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """(n, V) bool: the tokens top-k then top-p sampling keeps (transformers' warpers: ties at the k-th value kept;
+    the smallest set of most likely tokens whose probability reaches ``top_p``, at least one)."""
+    kept = torch.ones_like(logp, dtype=torch.bool)
+    if 0 < top_k < logp.shape[1]:
+        kept &= logp >= logp.topk(top_k, dim=1).values[:, -1:]
+    if top_p < 1.0:
+        masked = logp.masked_fill(~kept, -torch.inf)
+        sorted_, order = masked.sort(dim=1)  # ascending
+        probs = torch.softmax(sorted_, dim=1)
+        drop = probs.cumsum(1) <= 1.0 - top_p
+        drop[:, -1] = False  # the most likely token always stays
+        kept &= ~drop.scatter(1, order, drop)
+    return kept

