@@ -105,3 +105,16 @@ def test_reload_changes_outputs_and_tag(engine, math_model):
     engine.load(serialize_weights(base.model)[0])  # the engine still serves, with the weights sent last
     back = engine.generate(PROMPTS, 4, 24, T, seed=5)
     assert all((a.tokens == b.tokens).all() for a, b in zip(before, back))
+
+
+def test_a_batch_over_the_schedulers_token_budget_keeps_every_seed(engine):
+    """vLLM 0.32's CPU sampler fails a seeded request whose prefill it splits across steps; the generator sends the
+    prompts in runs that fit the budget, each request with the seed it would have had in one call."""
+    assert engine.budget is not None  # the CPU engine of this tier
+    long = [list(range(3, 3 + 64)), list(range(5, 5 + 60))]
+    many = long * (engine.budget // (64 * 8) + 2)  # their prefill, 8 completions each, is over one step's budget
+    assert len(engine._parts(many, 8)) > 1
+    comps = engine.generate(many, 8, 4, T, seed=7)
+    assert len(comps) == len(many)
+    first = engine.generate(many[:2], 8, 4, T, seed=7)
+    assert all((a.tokens == b.tokens).all() for a, b in zip(comps[:2], first))

@@ -143,6 +143,9 @@ class VLLMGenerator:
             raise VLLMError(f"vLLM could not start on {self.folder}: {type(e).__name__}: {e} "
                             "(the engine's log above gives the cause)") from e
         self.start_s = time.perf_counter() - started
+        # the scheduler's token budget a step, on the CPU only (``_parts``)
+        scheduler = self.llm.llm_engine.vllm_config.scheduler_config
+        self.budget = scheduler.max_num_batched_tokens if current_platform.is_cpu() else None
         self.tokenizer = self.llm.get_tokenizer()
         self.eos_id = int(self.tokenizer.eos_token_id)
         pad = self.tokenizer.pad_token_id
@@ -165,7 +168,10 @@ class VLLMGenerator:
                            seed=None if seed is None else seed + i * group_size)  # child j: seed + j
             for i in range(len(prompts))
         ]
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts], params, use_tqdm=False)
+        outs = []
+        for part in self._parts(prompts, group_size):
+            outs += self.llm.generate([TokensPrompt(prompt_token_ids=list(prompts[i])) for i in part],
+                                      [params[i] for i in part], use_tqdm=False)
         result = []
         for p, out in zip(prompts, outs):
             rows = sorted(out.outputs, key=lambda c: c.index)  # token ids include the eos token when emitted
@@ -181,6 +187,23 @@ class VLLMGenerator:
             result.append(Completions(prompt_ids=np.asarray(p, dtype=np.int32), tokens=tokens, logq=logq,
                                       lengths=lengths, texts=texts))
         return result
+
+    def _parts(self, prompts: list[list[int]], group_size: int) -> list[range]:
+        """The prompts in runs whose first step's prefill (every completion prefills its prompt) fits the scheduler's
+        token budget. On the CPU, vLLM 0.32 fails a seeded request whose prefill it splits across steps ("CPU Generator
+        does not use offset": configs/math.toml's 16 prompts x 8 completions did); each request keeps its seed, so the
+        completions are the same as in one call."""
+        if self.budget is None:
+            return [range(len(prompts))]
+        parts, start, used = [], 0, 0
+        for i, p in enumerate(prompts):
+            need = len(p) * group_size
+            if i > start and used + need > self.budget:
+                parts.append(range(start, i))
+                start, used = i, 0
+            used += need
+        parts.append(range(start, len(prompts)))
+        return parts
 
     def load(self, blob: bytes) -> None:
         """Write a version's weights (safetensors bytes) into the running engine."""
