@@ -416,8 +416,9 @@ class TrustConfig(_Section):
     ban_at_once: bool = True
     """Learners: a rejection that cannot be honest and is unambiguous bans the peer at once instead of counting toward
     trust.ban_threshold: a prompt that is not the one assigned to the group, a log-prob deviation over twice the spot
-    check's tolerance, a reward that differs from the learner's recompute on a task whose rewards are deterministic (not
-    math-verify's, where a check that times out at the learner scores 0)."""
+    check's tolerance, a sampling test's bound 1000 times under trust.sampling_p, a reward that differs from the
+    learner's recompute on a task whose rewards are deterministic (not math-verify's, where a check that times out at
+    the learner scores 0)."""
     ban_window_s: float = Field(60.0, gt=0.0, le=30 * 86400.0)
     """The window in which trust.ban_threshold rejections ban a peer."""
     ban_s: float = Field(600.0, gt=0.0, le=365 * 86400.0)

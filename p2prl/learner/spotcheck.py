@@ -190,6 +190,8 @@ class SpotChecker:
             raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance "
                                                   f"{self.tolerance:.3g} at v{g.policy_version}",
                               certain=deviation > 2 * self.tolerance)
+        if math.isinf(z):  # counted, not banned at once: another engine's top-k / top-p may cut a little elsewhere
+            raise RecordError("not_sampled", f"a token outside the top-k / top-p support at v{g.policy_version}")
         # a bound a thousand times under the limit: no honest sampler gets there in the life of a run
         raise RecordError("not_sampled", f"the group's tokens are unlike sampling at v{g.policy_version} (z {z:.3g}, "
                                          f"p <= {p:.2g} < {self.p_limit:g})", certain=p < self.p_limit / 1000)

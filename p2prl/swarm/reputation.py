@@ -6,7 +6,7 @@ learner has not reached or does not know, a resent duplicate) are counted but ne
 other reason (malformed or oversized data, bad tokens, wrong rewards, bad log-probs, wrong sender,
 bad requests, and any reason added later) does. A peer with ``trust.ban_threshold`` of those
 within ``trust.ban_window_s``, or one rejection that no honest peer can cause (``certain``: a prompt
-not assigned, a far-off log-prob, a wrong deterministic reward; ``trust.ban_at_once``), is banned
+not assigned, a far-off log-prob or sampling test, a wrong deterministic reward; ``trust.ban_at_once``), is banned
 for ``trust.ban_s``, doubled on each later ban up to
 ``trust.max_ban_s``. Bans are logged once, kept in ``bans.json`` (written atomically) and loaded
 at restart, expired ones dropped. Peer ids are libp2p's authenticated stream ids.

@@ -107,4 +107,5 @@ def test_honest_top_k_groups_pass_and_a_token_outside_the_top_k_is_not_sampled(h
     g.logq = np.where(on, logp.numpy(), 0.0).astype(np.float32)
     with pytest.raises(RecordError) as e:
         checker.check(g)
-    assert e.value.reason == "not_sampled" and e.value.certain and checker.counts["not_sampled"] == 1
+    # counted toward a ban, not one at once: another engine's truncation may differ at the cut-off
+    assert e.value.reason == "not_sampled" and not e.value.certain and checker.counts["not_sampled"] == 1
