@@ -550,16 +550,43 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         raise ConfigError(_format(e)) from None
 
 
-def free_space(path: str | Path) -> str:
-    """The free space on the disk holding ``path`` (its nearest existing parent), e.g. ``'1.2 GB'``."""
-    p = Path(path).absolute()
+def format_bytes(n: float) -> str:
+    """A size for a person: ``'1.2 GB'``, ``'3.4 MB'``."""
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def free_bytes(path: str | Path) -> int | None:
+    """The free bytes on the disk holding ``path`` (its nearest existing parent); None when it cannot be measured."""
+    p = Path(path).expanduser().absolute()
     while not p.exists() and p != p.parent:
         p = p.parent
     try:
-        free = shutil.disk_usage(p).free
+        return shutil.disk_usage(p).free
     except OSError:
-        return "unknown"
-    return f"{free / 1e9:.1f} GB" if free >= 1e8 else f"{free / 1e6:.1f} MB"
+        return None
+
+
+def free_space(path: str | Path) -> str:
+    """The free space on the disk holding ``path`` (its nearest existing parent), e.g. ``'1.2 GB'``."""
+    free = free_bytes(path)
+    return "unknown" if free is None else format_bytes(free)
+
+
+def write_atomically(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder (created when missing) and a rename: a crash
+    leaves the old file or the new one, never half of one."""
+    import tempfile
+
+    folder = Path(path).expanduser().absolute().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{Path(path).name}-")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def writable_dir(path: str | Path, key: str) -> Path:

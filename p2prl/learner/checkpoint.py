@@ -30,7 +30,7 @@ from pathlib import Path
 
 import torch
 
-from p2prl.config import Config, free_space
+from p2prl.config import Config, format_bytes, free_bytes, free_space
 from p2prl.policy import Policy, load_policy
 from p2prl.policy.model import is_lora, model_folder
 from p2prl.policy.weights import load_weights, serialize_weights
@@ -57,11 +57,6 @@ CHECKPOINT_ROOM = 2.5
 HEADROOM_BYTES = 10_000_000
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.pt", "*.pth")
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def _size(n: float) -> str:
-    """Bytes as ``free_space`` writes them: ``'1.2 GB'``, ``'3.4 MB'``."""
-    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
 def _safetensors_shapes(path: Path) -> list[tuple[str, list[int]]]:
@@ -110,18 +105,12 @@ def check_disk(cfg: Config, out_dir: str | Path | None = None) -> None:
     final = out / "checkpoint"
     reclaimed = sum(_tree_bytes(final.with_name(n)) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
     needed = max(0, math.ceil(CHECKPOINT_ROOM * size) - reclaimed) + HEADROOM_BYTES
-    probe = out
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    try:
-        free = shutil.disk_usage(probe).free
-    except OSError:  # nothing to measure: the write itself will say
-        return
-    if free < needed:
+    free = free_bytes(out)
+    if free is not None and free < needed:  # None: nothing to measure, the write itself will say
         raise CheckpointError(
-            f"train.out_dir={str(out)!r} has {_size(free)} free, and a run of this model needs about {_size(needed)} "
-            f"there (checkpoints of about {_size(size)}: the last good one and the next written beside it, and its "
-            "logs); free some space or point train.out_dir at a disk with room")
+            f"train.out_dir={str(out)!r} has {format_bytes(free)} free, and a run of this model needs about "
+            f"{format_bytes(needed)} there (checkpoints of about {format_bytes(size)}: the last good one and the next "
+            "written beside it, and its logs); free some space or point train.out_dir at a disk with room")
 
 
 def save_checkpoint(out_dir: str | Path, policy, optimizer, scheduler, cfg: Config, state: dict) -> Path:

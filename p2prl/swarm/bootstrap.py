@@ -13,12 +13,12 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import tempfile
 import time
 from dataclasses import dataclass
 from secrets import token_hex
 
 from p2prl import prom
+from p2prl.config import write_atomically
 from p2prl.log import setup_logging
 from p2prl.swarm import peerbook
 from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
@@ -48,19 +48,6 @@ def _prepare_identity(path: str) -> None:
             "from your backup, or move it away to start with a new peer id (joiners then need the new multiaddr)"
         ) from None
     log.info("identity %s: peer id %s", path, peer_id.to_base58())
-
-
-def _write_atomically(path: str, text: str) -> None:
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".maddrs-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 @dataclass(frozen=True)
@@ -145,7 +132,7 @@ def serve(
         log.info("bootstrap node is up; publish one of these multiaddrs (joiners use --initial-peers MADDR):")
         print("\n".join(maddrs), flush=True)
         if maddrs_file:
-            _write_atomically(maddrs_file, "".join(m + "\n" for m in maddrs))
+            write_atomically(maddrs_file, "".join(m + "\n" for m in maddrs))
         others = peerbook.from_maddrs(initial_peers, time.time())
         if book:
             answered = dht.run_coroutine(functools.partial(_rejoin, peers=[*others, *book]))

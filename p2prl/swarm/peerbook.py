@@ -20,13 +20,14 @@ import asyncio
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from p2prl.config import write_atomically
 
 log = logging.getLogger("p2prl.peerbook")
 
@@ -100,17 +101,7 @@ def save(path: str, peers: Sequence[KnownPeer]) -> None:
             entries.append(_Entry(peer_id=p.peer_id, maddrs=list(p.maddrs), seen=p.seen))
         except ValidationError:
             log.debug("not saving %r: not a valid entry", p)
-    book = _Book(version=1, peers=entries)
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".peers-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(book.model_dump_json(indent=1))
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    write_atomically(path, _Book(version=1, peers=entries).model_dump_json(indent=1))
 
 
 def merge(old: Iterable[KnownPeer], seen_now: Iterable[KnownPeer], now: float,

@@ -290,6 +290,8 @@ def diagnose(initial_peers: list[str], timeout_s: float = 8.0) -> list[str]:
 
 
 # ---- the dial-back check: wire format -----------------------------------------------------------------
+# its own small frames (not node.py's read_frame / write_frame): this module runs in the DHT's process and is
+# imported by dht.py, which node.py imports
 async def _send(writer, obj) -> None:
     data = msgpack.packb(obj, use_bin_type=True)
     writer.write(struct.pack(">I", len(data)) + data)

@@ -154,10 +154,14 @@ class Records:
         if self.trust.record is not None:
             self._store(key(self.cfg.run_id, "authority"), self.peer_id, self.trust.record.encode(), self.ttl)
 
+    def run_records(self, run_id: str | None = None) -> dict[str, bytes]:
+        """The run records learners republish for ``run_id`` (default: this node's run), undecoded and unchecked."""
+        return self._get_dict(key(run_id or self.cfg.run_id, "authority"))
+
     def refresh_trust(self) -> None:
         """Authority runs: adopt the newest valid run record in the DHT (the authority may have added learners)."""
         if not self.trust.open:
-            self.trust.refresh(self._get_dict(key(self.cfg.run_id, "authority")))
+            self.trust.refresh(self.run_records())
 
     def holders(self, rec: PolicyRecord) -> list[str]:
         """Peers announcing that they hold exactly this version and hash."""

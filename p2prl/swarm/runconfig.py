@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from p2prl.config import Config, ConfigError
+from p2prl.config import Config, ConfigError, write_atomically
 from p2prl.policy.model import model_hash
 from p2prl.swarm.dht import RunConfigRecord
 from p2prl.tasks import Task
@@ -129,11 +128,9 @@ def _remember(out: Path, run_id: str, peer_id: str, how: str) -> None:
     """Write ``run.json`` (at once: a crash never leaves half of it); a failure is logged (the next start asks for
     --join again), not raised."""
     path = out / RUN_FILE
-    tmp = path.with_name(RUN_FILE + ".tmp")
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({"run_id": run_id, "how": how, "peer_id": peer_id, "time": time.time()}) + "\n")
-        os.replace(tmp, path)
+        record = {"run_id": run_id, "how": how, "peer_id": peer_id, "time": time.time()}
+        write_atomically(path, json.dumps(record) + "\n")
     except OSError as e:
         log.warning("could not write %s (%s): a restart of this learner will need --join to rejoin run %r",
                     path, e.strerror or e, run_id)

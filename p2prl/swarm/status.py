@@ -16,7 +16,6 @@ from collections import Counter
 
 from p2prl.config import Config
 from p2prl.swarm.authority import Trust, records_found
-from p2prl.swarm.dht import key
 from p2prl.swarm.node import SwarmNode
 
 
@@ -31,7 +30,7 @@ def trust_view(node: SwarmNode, run_id: str) -> dict:
         return {"mode": "authority", "verified": True, "authority": t.authority,
                 "learners": len(rec.learners) if rec else None, "expires": rec.expires if rec else None,
                 "records": int(rec is not None)}
-    found = records_found(node._get_dict(key(run_id, "authority")), run_id)  # what learners republish
+    found = records_found(node.run_records(run_id), run_id)  # what learners republish
     if not found:
         return {"mode": "open", "verified": False, "authority": None, "learners": None, "expires": None, "records": 0}
     return {"mode": "authority", "verified": False, "authority": None, "learners": len(found[0].learners),

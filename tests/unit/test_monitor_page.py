@@ -33,8 +33,8 @@ class Node:
         if not self.trust.open:
             self.trust.refresh(self.found)
 
-    def _get_dict(self, dht_key):
-        self.asked.append(dht_key)
+    def run_records(self, run_id):
+        self.asked.append(key(run_id, "authority"))
         return self.found
 
     def peers(self):
