@@ -102,11 +102,12 @@ def test_late_learner_loads_state_from_peers_and_ends_identical(peers, tmp_path)
     common = sorted(set(pa) & set(pb))
     assert len(common) >= 4
     assert all(pa[v] == pb[v] for v in common), [(v, pa[v][:8], pb[v][:8]) for v in common if pa[v] != pb[v]]
-    # the same round's groups are in both logs, under the same version
-    la = {l["version"]: l["groups"] for l in read_jsonl(a / "train_log.jsonl")}
+    # the same round's groups are in both logs, under the same version; a round a missed (it timed out there on a
+    # loaded machine) and then took from b as b's state is a loaded_from line in a's log, not a round
+    la = {l["version"]: l["groups"] for l in read_jsonl(a / "train_log.jsonl") if "loaded_from" not in l}
     lb = {l["version"]: l["groups"] for l in read_jsonl(b / "train_log.jsonl")}
-    two = [l["version"] for l in read_jsonl(b / "train_log.jsonl") if l.get("learners") == 2]
-    assert all(la[v] == lb[v] for v in two)
+    two = [l["version"] for l in read_jsonl(b / "train_log.jsonl") if l.get("learners") == 2 and l["version"] in la]
+    assert len(two) >= 3 and all(la[v] == lb[v] for v in two)
 
 
 def rounds_with(out: Path, n: int) -> int:
