@@ -248,8 +248,9 @@ class NetConfig(_Section):
     emulated network (`p2prl experiment network`)."""
     identity_path: str = Field("")
     """Private key file for a stable peer id (created when missing)."""
-    heartbeat_s: float = Field(5.0, gt=0.1, le=3600.0)
-    """Seconds between peer-record announcements; records expire after 3x."""
+    heartbeat_s: float = Field(5.0, gt=0.1, le=300.0)
+    """Seconds between peer-record announcements; records expire after 3x (DHT nodes refuse expirations over
+    20 minutes)."""
     poll_s: float = Field(1.0, gt=0.01, le=600.0)
     """Seconds between DHT look-ups of the latest policy / learners."""
     rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0)

@@ -38,13 +38,15 @@ ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the l
 class RolloutIntake:
     def __init__(self, flow: FlowConfig, groups_per_step: int, limits: Limits, ledger: GroupLedger,
                  verifier: Verifier, spot: SpotChecker, reputation: Reputation, version: Callable[[], int],
-                 latest: Callable[[], PolicyRecord | None], learners: Callable[[], int]):
+                 latest: Callable[[], PolicyRecord | None], learners: Callable[[], int],
+                 run_record: Callable[[], bytes | None] = lambda: None):
         """``version``: the learner's current version; ``latest``: the newest policy record it published (named in
-        replies); ``learners``: how many learners train the run (this one included), which splits a step."""
+        replies); ``learners``: how many learners train the run (this one included), which splits a step;
+        ``run_record``: the run record it holds, encoded (authority runs; sent in replies too)."""
         self.flow, self.groups_per_step, self.limits = flow, groups_per_step, limits
         self.ledger, self.buffer, self.counts = ledger, ledger.buffer, ledger.counts
         self.verifier, self.spot, self.reputation = verifier, spot, reputation
-        self.version, self.latest, self.learners = version, latest, learners
+        self.version, self.latest, self.learners, self.run_record = version, latest, learners, run_record
         self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
         self.lock = threading.Condition()  # guards the ledger and its admission buffer; notified on admission
         self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
@@ -207,6 +209,9 @@ class RolloutIntake:
 
     def policy_hint(self) -> dict:
         """``{"policy": record}``: the newest version this learner published, as in the DHT, for the samplers that
-        send to it (a far sampler then skips the DHT look-up of the newest version)."""
-        latest = self.latest()
-        return {"policy": latest.encode()} if latest is not None else {}
+        send to it (a far sampler then skips the DHT look-up of the newest version); in an authority run also
+        ``"run_record"``, the newest run record it holds (a revocation reaches its samplers even where the DHT
+        holds only older ones)."""
+        latest, run_record = self.latest(), self.run_record()
+        return ({"policy": latest.encode()} if latest is not None else {}) | (
+            {"run_record": run_record} if run_record is not None else {})

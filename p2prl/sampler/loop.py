@@ -285,6 +285,18 @@ class Sampler:
         self.hints.put((learner, rec))
         self.wake.set()
 
+    def note_run_record(self, learner: str, raw) -> None:
+        """Authority runs: a learner's reply carried the run record it holds. One issued after ours (a learner
+        added or revoked) is adopted at once, as from the DHT (checked against the authority's key), and the
+        learners it no longer names get nothing more from us, whatever older record the DHT still offers."""
+        trust = self.node.trust
+        if raw is None or trust.open:
+            return
+        before = trust.issued
+        trust.refresh({learner: raw})
+        if trust.issued != before:
+            self.learners = [r for r in self.learners if trust.authorized(r.peer_id)]
+
     # ---- rollouts ----------------------------------------------------------------------------
     def flush(self) -> None:
         """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
@@ -345,6 +357,7 @@ class Sampler:
             rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
             self.outbox.batch_answered(b.learner, b.ids, reply.results, reply.queue, reply.free, rtt, time.time())
             self.note_policy(b.learner, reply.policy)
+            self.note_run_record(b.learner, reply.run_record)
         self.rtts = dict(self.outbox.rtt)
 
     def ask_acks(self, learner: str, ids: list[str]) -> dict:
@@ -358,6 +371,7 @@ class Sampler:
         reply = AcksReply.decode(raw)
         self.outbox.heard(learner, reply.queue, reply.free)
         self.note_policy(learner, reply.policy)
+        self.note_run_record(learner, reply.run_record)
         return reply.states
 
     def settle(self) -> None:

@@ -17,9 +17,9 @@ The ``p2prl run`` commands, which create and re-sign the run record, are at the 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -30,6 +30,7 @@ from pydantic import Field, field_validator
 
 from p2prl.config import Config, ConfigError, usable_file
 from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
+from p2prl.swarm.owned import peer_id_of
 
 log = logging.getLogger("p2prl.authority")
 
@@ -45,13 +46,6 @@ class TrustError(ConfigError):
 
 
 # ---- learner identities (libp2p RSA keys) ---------------------------------------------------------
-def _peer_id_of(public_protobuf: bytes) -> str:
-    """The libp2p peer id of a protobuf ``PublicKey`` (sha256 multihash, base58), as hivemind derives it."""
-    import base58
-
-    return base58.b58encode(b"\x12\x20" + hashlib.sha256(public_protobuf).digest()).decode()
-
-
 class LearnerKey:
     """A learner's libp2p identity: signs with its RSA key; ``public`` is the protobuf public key peers verify with."""
 
@@ -63,7 +57,7 @@ class LearnerKey:
         spki = self._key.public_key().public_bytes(serialization.Encoding.DER,
                                                    serialization.PublicFormat.SubjectPublicKeyInfo)
         self.public = crypto_pb2.PublicKey(key_type=crypto_pb2.RSA, data=spki).SerializeToString()
-        self.peer_id = _peer_id_of(self.public)
+        self.peer_id = peer_id_of(self.public)
 
     @classmethod
     def load(cls, path: str) -> LearnerKey:
@@ -108,7 +102,7 @@ def signer_peer_id(public: bytes, message: bytes, signature: bytes) -> str | Non
         key.verify(signature, message, padding.PKCS1v15(), hashes.SHA256())
     except Exception:  # protobuf, DER or signature errors
         return None
-    return _peer_id_of(public)
+    return peer_id_of(public)
 
 
 def policy_message(run_id: str, publisher: str, rec: PolicyRecord) -> bytes:
@@ -239,6 +233,10 @@ class Trust:
     def __init__(self, authority: str, run_id: str, record: RunRecord | None = None, key: LearnerKey | None = None):
         self.authority, self.run_id, self.record, self.key = authority, run_id, record, key
         self.counts: Counter[str] = Counter()
+        # the newest `issued` adopted: never goes back, even once that record expired (a revocation stays)
+        self.issued = record.issued if record is not None else 0.0
+        self._lock = threading.Lock()  # refreshes come from the heartbeat thread and from learners' replies
+        self._encoded: tuple[RunRecord | None, bytes | None] = (None, None)
 
     @property
     def open(self) -> bool:
@@ -252,22 +250,31 @@ class Trust:
                 + ("" if self.record else " (no valid run record seen)"))
 
     def refresh(self, found: dict[str, bytes]) -> RunRecord | None:
-        """Adopt the newest valid run record among ``found`` (DHT subkey -> value); the record held now."""
-        for peer, raw in found.items():
-            rec = RunRecord.decode(raw)
-            if rec is None or (self.record is not None and rec.issued <= self.record.issued):
-                continue
-            if rec.problem(self.authority, self.run_id) is None:
-                if self.record is not None and set(rec.learners) != set(self.record.learners):
-                    log.info("run record of %s: %d authorized learners",
-                             time.strftime("%H:%M:%S", time.gmtime(rec.issued)), len(rec.learners))
-                self.record = rec
-            else:
-                self.reject("run_record", peer)
-        if self.record is not None and self.record.expires <= time.time():
-            log.warning("the run record expired: no learner is authorized until the authority renews it")
-            self.record = None
-        return self.record
+        """Adopt the newest valid run record among ``found`` (peer id -> value, from the DHT or a learner's reply)
+        issued after every one adopted before; the record held now."""
+        with self._lock:
+            for peer, raw in found.items():
+                rec = RunRecord.decode(raw)
+                if rec is None or rec.issued <= self.issued:
+                    continue
+                if rec.problem(self.authority, self.run_id) is None:
+                    if self.record is not None and set(rec.learners) != set(self.record.learners):
+                        log.info("run record of %s: %d authorized learners",
+                                 time.strftime("%H:%M:%S", time.gmtime(rec.issued)), len(rec.learners))
+                    self.record, self.issued = rec, rec.issued
+                else:
+                    self.reject("run_record", peer)
+            if self.record is not None and self.record.expires <= time.time():
+                log.warning("the run record expired: no learner is authorized until the authority renews it")
+                self.record = None
+            return self.record
+
+    def record_bytes(self) -> bytes | None:
+        """The run record held, encoded (learners send it in their replies); None in an open run or without one."""
+        rec = self.record
+        if rec is not None and self._encoded[0] is not rec:
+            self._encoded = (rec, rec.encode())
+        return self._encoded[1] if rec is not None else None
 
     def authorized(self, peer: str) -> bool:
         if self.open:

@@ -20,7 +20,7 @@ from secrets import token_hex
 from p2prl import prom
 from p2prl.config import write_atomically
 from p2prl.log import setup_logging
-from p2prl.swarm import peerbook
+from p2prl.swarm import owned, peerbook
 from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
 from p2prl.swarm.peerbook import KnownPeer
 
@@ -32,16 +32,19 @@ ALONE_WARN_S = 120.0  # no live peer for this long: warn (a new swarm nobody joi
 
 
 def _prepare_identity(path: str) -> None:
-    """Make sure the key file's folder exists; reject a file that is not a libp2p private key."""
+    """Make sure the key file exists (a new one is made, as hivemind makes them); reject a file that is not a
+    libp2p private key whose RSA key signs this node's DHT records (owned.py)."""
+    from hivemind.p2p import P2P, PeerID
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     if not os.path.exists(path):
-        log.info("no identity at %s: a new one will be created (back it up, keep it private)", path)
-        return
-    from hivemind.p2p import PeerID
-
+        log.info("no identity at %s: a new one is created (back it up, keep it private)", path)
+        P2P.generate_identity(path)
     try:
         with open(path, "rb") as f:
-            peer_id = PeerID.from_identity(f.read())
+            identity = f.read()
+        peer_id = PeerID.from_identity(identity)
+        owned.owned_subkey(identity)  # an RSA key, as hivemind writes (the run's records are signed with it)
     except Exception as e:  # protobuf DecodeError, cryptography ValueError, OSError...
         raise BootstrapError(
             f"identity file {path!r} is not a usable private key ({type(e).__name__}: {e}); restore it "

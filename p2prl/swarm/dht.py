@@ -17,6 +17,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from p2prl import PROTOCOL_VERSION, __version__
+from p2prl.swarm import owned
 
 log = logging.getLogger("p2prl.dht")
 
@@ -51,6 +52,7 @@ def dht_kwargs(
         kw["announce_maddrs"] = list(announce_maddrs)
     if identity_path:
         kw["identity_path"] = identity_path
+    kw["record_validators"] = owned.validators(identity_path)  # owned subkeys, bounded expirations (owned.py)
     if loopback or closed_network:
         # check_if_identity_free would start a throw-away p2pd with hivemind's defaults (NAT probing)
         kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False,

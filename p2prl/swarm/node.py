@@ -23,7 +23,7 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust, TrustError
-from p2prl.swarm import reach
+from p2prl.swarm import owned, reach
 from p2prl.swarm.dht import BootstrapError, start_dht, wait_for_peers_file
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.records import Records
@@ -140,9 +140,11 @@ class SwarmNode(Records):
                 peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
             self.initial_peers = peers
             self.dht_args = dict(host_maddrs=list(cfg.host_maddrs), announce_maddrs=list(cfg.announce_maddrs),
-                                 loopback=cfg.loopback, identity_path=cfg.identity_path, client_mode=cfg.client_mode,
+                                 loopback=cfg.loopback, client_mode=cfg.client_mode,
                                  closed_network=cfg.closed_network, rpc_timeout_s=cfg.dht_rpc_timeout_s)
-            transport = HivemindTransport(start_dht(peers, cfg.bootstrap_timeout_s, **self.dht_args))
+            # the libp2p identity: its key signs our DHT records (owned.py); a fresh one unless given
+            self._identity = owned.load_identity(cfg.identity_path) if cfg.identity_path else owned.new_identity()
+            transport = self._start_transport()
         # the run's scope (reach.py): which of this peer's addresses others can use
         self.scope = "local" if cfg.loopback else reach.run_scope(self.initial_peers)
         self.transport = transport
@@ -205,15 +207,26 @@ class SwarmNode(Records):
                     for m in self.dht_args["host_maddrs"]]
             self.restart_dht(host_maddrs=host, announce_maddrs=d.announce)
 
+    def _start_transport(self) -> HivemindTransport:
+        """Start a DHT with ``dht_args`` and this node's identity; its records go under our owned subkey."""
+        peer_id, subkey = owned.owned_subkey(self._identity)
+        with owned.identity_file(self._identity) as path:  # the daemon reads it at its start, which this waits for
+            dht = start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, identity_path=path, **self.dht_args)
+        return HivemindTransport(dht, subkey, on_unowned=self._count_unowned)
+
+    def _count_unowned(self, n: int) -> None:
+        self.trust.counts["untrusted/unowned_record"] += n
+        log.debug("%d DHT record(s) under a subkey that no peer owns left out", n)
+
     def restart_dht(self, **changes) -> None:
-        """Stop the DHT and start it again with ``changes`` to its arguments (same identity when it has one)."""
+        """Stop the DHT and start it again with ``changes`` to its arguments (same identity)."""
         try:
             self.run(self.transport.close_streams(), timeout=5, cancellable=False)
         except Exception as e:
             log.debug("closing streams before a restart: %s", e)
         self.transport.shutdown()
         self.dht_args.update(changes)
-        self.transport = HivemindTransport(start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, **self.dht_args))
+        self.transport = self._start_transport()
         self.peer_id = self.transport.peer_id
         self.run(self.transport.start(), timeout=30, cancellable=False)
 

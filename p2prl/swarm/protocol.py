@@ -130,6 +130,7 @@ class BatchReply:
     free: int
     policy: Any  # the learner's newest policy record, undecoded (``PolicyRecord.decode`` checks it)
     error: str = ""
+    run_record: Any = None  # authority runs: the run record the learner holds, undecoded (``Trust.refresh`` checks)
 
     @classmethod
     def decode(cls, raw: bytes, n: int) -> BatchReply:
@@ -141,18 +142,20 @@ class BatchReply:
         error = reply.get("error") or ""
         if not error and len(results) != n:
             raise ValueError(f"{len(reply['results'])} results for {n} groups")
-        return cls(results, reply["queue"], reply["free"], reply.get("policy"), str(error)[:200])
+        return cls(results, reply["queue"], reply["free"], reply.get("policy"), str(error)[:200],
+                   reply.get("run_record"))
 
 
 @dataclass(frozen=True)
 class AcksReply:
     """A learner's ``acks`` reply, checked: its states of the ids asked, its queue, its room for the asker (None
-    when it did not say) and its newest policy record."""
+    when it did not say), its newest policy record and (authority runs) the run record it holds."""
 
     states: dict[str, str]
     queue: int
     free: int | None
     policy: Any
+    run_record: Any = None
 
     @classmethod
     def decode(cls, raw: bytes) -> AcksReply:
@@ -161,7 +164,7 @@ class AcksReply:
         free = reply.get("free")
         states = {k: v for k, v in reply["states"].items() if isinstance(k, str) and isinstance(v, str)}
         return cls(states, reply["queue"], free if isinstance(free, int) and not isinstance(free, bool) else None,
-                   reply.get("policy"))
+                   reply.get("policy"), reply.get("run_record"))
 
 
 class WeightStore:

@@ -1,10 +1,11 @@
 """The run's typed DHT records, over a transport's record half (``Records``, the part of ``SwarmNode`` that reads
 and writes them).
 
-Every record is a typed model (``dht.py``) stored under the run's keys, one subkey per peer (its peer id), with an
-expiration of ``ttl`` (three heartbeats): peer records, policy records and their holders, run configs and the run
-record. What is read is checked: records that do not parse, do not match their subkey or run, or (authority runs)
-are not signed by an authorized learner are left out and counted. A failed store or look-up is logged and
+Every record is a typed model (``dht.py``) stored under the run's keys as its peer's own (an owned subkey that
+only the peer's key can write: ``owned.py``), with an expiration of ``ttl`` (three heartbeats): peer records,
+policy records and their holders, run configs and the run record. What is read is checked: records that do not
+parse, do not match their peer or run, or (authority runs) are not signed by an authorized learner are left out
+and counted. A failed store or look-up is logged and
 counted (``dht_errors``), never raised.
 """
 
@@ -39,12 +40,13 @@ class Records:
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
 
-    def _send_store(self, dht_key: str, subkey: str, value: bytes, ttl: float):
-        """Send a store with expiration; its future (``_settle``), or None when it could not be sent (counted)."""
+    def _send_store(self, dht_key: str, value: bytes, ttl: float):
+        """Send a store of our own value with expiration; its future (``_settle``), or None when it could not be
+        sent (counted)."""
         if not self.transport.alive():
             return None
         try:
-            return self.transport.store(dht_key, subkey, value, ttl)
+            return self.transport.store(dht_key, value, ttl)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
@@ -61,12 +63,13 @@ class Records:
             log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
             return False
 
-    def _store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> bool:
-        """Store with expiration, waited for; a failure is logged and counted, never raised."""
-        return self._settle(dht_key, self._send_store(dht_key, subkey, value, ttl))
+    def _store(self, dht_key: str, value: bytes, ttl: float) -> bool:
+        """Store our own value with expiration, waited for; a failure is logged and counted, never raised."""
+        return self._settle(dht_key, self._send_store(dht_key, value, ttl))
 
     def _get_dict(self, dht_key: str) -> dict[str, bytes]:
-        """The subkey -> value map under ``dht_key``; empty when missing or on failure (logged)."""
+        """The peer id -> value map under ``dht_key`` (each peer's own value); empty when missing or on failure
+        (logged)."""
         if not self.transport.alive():
             return {}
         try:
@@ -86,9 +89,9 @@ class Records:
         ``p2prl status`` of other runs)."""
         if self.metrics_addr:
             record = record.model_copy(update={"metrics": self.metrics_addr})
-        self._store(RUNS_KEY, self.peer_id, RunAnnouncement(run_id=record.run_id, role=record.role,
+        self._store(RUNS_KEY, RunAnnouncement(run_id=record.run_id, role=record.role,
                                                       updated=record.updated).encode(), self.ttl)
-        return self._store(key(self.cfg.run_id, "peers"), self.peer_id, record.encode(), self.ttl)
+        return self._store(key(self.cfg.run_id, "peers"), record.encode(), self.ttl)
 
     def runs(self) -> dict[str, RunAnnouncement]:
         """Peer id -> the run it announced (every run, this one included); invalid records are left out."""
@@ -117,14 +120,14 @@ class Records:
             for dht_key, fut in self._publishing:
                 self._settle(dht_key, fut)
             keys = [key(self.cfg.run_id, "policy"), key(self.cfg.run_id, "holders", str(rec.version))]
-            self._publishing = [(k, self._send_store(k, self.peer_id, value, self.ttl)) for k in keys]
+            self._publishing = [(k, self._send_store(k, value, self.ttl)) for k in keys]
             if wait:
                 for dht_key, fut in self._publishing:
                     self._settle(dht_key, fut)
                 self._publishing = []
 
     def announce_holder(self, rec: PolicyRecord) -> None:
-        self._store(key(self.cfg.run_id, "holders", str(rec.version)), self.peer_id, rec.encode(), self.ttl)
+        self._store(key(self.cfg.run_id, "holders", str(rec.version)), rec.encode(), self.ttl)
 
     def latest_policy(self) -> tuple[str, PolicyRecord] | None:
         """(publisher, record) of the newest published version (ties: see ``PolicyRecord.rank``), or None.
@@ -142,7 +145,7 @@ class Records:
         return max(ok, key=lambda pr: pr[1].rank()) if ok else None
 
     def publish_run_config(self, rec: RunConfigRecord) -> None:
-        self._store(key(self.cfg.run_id, "config"), self.peer_id, rec.encode(), self.ttl)
+        self._store(key(self.cfg.run_id, "config"), rec.encode(), self.ttl)
 
     def run_configs(self) -> dict[str, RunConfigRecord]:
         """The run configs that live (authorized) learners publish (publisher -> record); invalid ones are left out."""
@@ -152,7 +155,7 @@ class Records:
     def publish_run_record(self) -> None:
         """Republish the run record we hold (authority runs), so that samplers can find it."""
         if self.trust.record is not None:
-            self._store(key(self.cfg.run_id, "authority"), self.peer_id, self.trust.record.encode(), self.ttl)
+            self._store(key(self.cfg.run_id, "authority"), self.trust.record.encode(), self.ttl)
 
     def run_records(self, run_id: str | None = None) -> dict[str, bytes]:
         """The run records learners republish for ``run_id`` (default: this node's run), undecoded and unchecked."""

@@ -3,8 +3,8 @@
 What roles use of a node is typed here too: ``Directory`` (the run's records), ``Delivery`` (framed request and
 reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is all three.
 
-A ``Transport`` has two halves: records (a DHT: subkey -> value maps under a key, each value with an
-expiration) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
+A ``Transport`` has two halves: records (a DHT: under a key, one value per peer, each with an expiration; a
+peer writes only its own) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
 (``node.py``) builds everything else on them: the typed records and their checks, frames, the ban
 and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's DHT and a replica of its
 libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory, so that unit
@@ -85,13 +85,13 @@ class Transport(Protocol):
     # records
     def alive(self) -> bool: ...
 
-    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
-        """Send a store of ``value`` under ``dht_key``/``subkey`` that expires ``ttl`` s from now; a future of
+    def store(self, dht_key: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+        """Send a store of ``value`` under ``dht_key`` as this peer's own, expiring ``ttl`` s from now; a future of
         whether it was stored."""
 
     def get(self, dht_key: str) -> concurrent.futures.Future:
-        """A future (``result(timeout)``, ``cancel()``) of the subkey -> value map under ``dht_key`` (None or empty
-        when there is none)."""
+        """A future (``result(timeout)``, ``cancel()``) of the peer id -> value map under ``dht_key``: the values
+        each peer stored as its own (None or empty when there is none)."""
 
     # streams
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None: ...
@@ -107,11 +107,15 @@ class Transport(Protocol):
 
 class HivemindTransport:
     """hivemind's DHT (its own process) for records; a replica of its libp2p client, made on the node's loop, for
-    streams."""
+    streams. Records go under this peer's owned subkey (``owned.py``: ``subkey``, made from the identity the DHT
+    was started with); what is read keeps only values under subkeys their peer owns (the others are counted:
+    ``on_unowned``)."""
 
-    def __init__(self, dht):
+    def __init__(self, dht, subkey: str, on_unowned: Callable[[int], None] = lambda n: None):
         self.dht = dht
         self.peer_id = dht.peer_id.to_base58()
+        self.subkey = subkey
+        self.on_unowned = on_unowned  # told how many values a look-up found under subkeys no peer owns
         self.lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
         self.p2p = None
 
@@ -121,15 +125,15 @@ class HivemindTransport:
     def alive(self) -> bool:
         return self.dht.is_alive()
 
-    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+    def store(self, dht_key: str, value: bytes, ttl: float) -> concurrent.futures.Future:
         from hivemind.utils import get_dht_time
 
         with self.lock:  # the request only: other threads' requests go out while this one is answered
-            return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=subkey, return_future=True)
+            return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=self.subkey, return_future=True)
 
     def get(self, dht_key: str) -> _Unpacked:
         with self.lock:
-            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True))
+            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True), self)
 
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def on_stream(info, reader, writer):
@@ -161,17 +165,28 @@ class HivemindTransport:
 
 
 class _Unpacked:
-    """A hivemind DHT get's future whose result is the plain subkey -> value map (hivemind's futures run no
-    done-callbacks of ours, so the map is made as the result is read)."""
+    """A hivemind DHT get's future whose result is the peer id -> value map of owned subkeys (hivemind's futures run
+    no done-callbacks of ours, so the map is made as the result is read)."""
 
-    def __init__(self, fut):
-        self.fut = fut
+    def __init__(self, fut, transport: HivemindTransport):
+        self.fut, self.transport = fut, transport
 
     def result(self, timeout: float | None = None) -> dict[str, bytes] | None:
+        from p2prl.swarm.owned import owner_of
+
         found = self.fut.result(timeout=timeout)
         if found is None or not isinstance(found.value, dict):
             return None
-        return {str(k): v.value for k, v in found.value.items()}
+        out, unowned = {}, 0
+        for sub, v in found.value.items():
+            peer = owner_of(sub)
+            if peer is None:
+                unowned += 1
+            else:
+                out[peer] = v.value
+        if unowned:
+            self.transport.on_unowned(unowned)
+        return out
 
     def cancel(self) -> bool:
         return self.fut.cancel()
@@ -210,7 +225,7 @@ class MemorySwarm:
     def __init__(self, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.lock = threading.Lock()
-        self.records: dict[str, dict[str, tuple[bytes, float]]] = {}  # key -> subkey -> (value, expires)
+        self.records: dict[str, dict[str, tuple[bytes, float]]] = {}  # key -> peer id -> (value, expires)
         self.handlers: dict[tuple[str, str], tuple[StreamHandler, asyncio.AbstractEventLoop]] = {}
 
     def transport(self) -> MemoryTransport:
@@ -225,9 +240,9 @@ class MemoryTransport:
     def alive(self) -> bool:
         return self.up
 
-    def store(self, dht_key: str, subkey: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+    def store(self, dht_key: str, value: bytes, ttl: float) -> concurrent.futures.Future:
         with self.swarm.lock:
-            self.swarm.records.setdefault(dht_key, {})[subkey] = (bytes(value), self.swarm.clock() + ttl)
+            self.swarm.records.setdefault(dht_key, {})[self.peer_id] = (bytes(value), self.swarm.clock() + ttl)
         return _done(True)
 
     def get(self, dht_key: str) -> concurrent.futures.Future:

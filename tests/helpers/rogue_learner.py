@@ -7,7 +7,11 @@ authorized learner) and a run record listing itself signed by its own Ed25519 ke
 what it receives, and asks the honest learner for its ``state`` and a ``hello``. Its counts go to
 STATS_FILE (JSON) every second; it runs until killed.
 
-Usage: python tests/helpers/rogue_learner.py MADDR RUN_ID IDENTITY_FILE STATS_FILE
+With RUN_RECORD_FILE it is a revoked learner: it publishes that older record (signed by the run's authority, naming
+it) instead of one of its own making, with the farthest expiration DHT nodes accept, and tries to pin it under
+every other learner's owned subkey with a one-year expiration (counted as ``pin_stored`` / ``pin_refused``).
+
+Usage: python tests/helpers/rogue_learner.py MADDR RUN_ID IDENTITY_FILE STATS_FILE [RUN_RECORD_FILE]
 """
 
 import hashlib
@@ -20,12 +24,16 @@ from collections import Counter
 
 from p2prl.config import NetConfig
 from p2prl.swarm import authority as a
+from hivemind.utils import get_dht_time
+
+from p2prl.swarm import owned
 from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, key, new_record
 from p2prl.swarm.node import read_frame, write_frame
 from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, decode_batch, pack, unpack_map
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
+older_record = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
 node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1,
                            identity_path=identity), "learner")
 counts: Counter[str] = Counter()
@@ -34,7 +42,7 @@ me = a.LearnerKey.load(identity)
 forged = a.sign_policy(PolicyRecord(version=200, sha256=hashlib.sha256(blob).hexdigest(), size=len(blob), weight=10**6),
                        run_id, me)
 config = RunConfigRecord(model="00" * 32, task="x", sampling={}, algo={}, optim={})
-run_record = a.new_run_record(run_id, config, [node.peer_id], 30, a.new_authority_key())
+run_record = older_record or a.new_run_record(run_id, config, [node.peer_id], 30, a.new_authority_key()).encode()
 
 
 async def on_rollout(peer, reader, writer):
@@ -69,8 +77,16 @@ try:
     while True:
         counts["announced"] += node.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
                                                         throughput=1000.0, queue_depth=0))
-        counts["policy_stored"] += node._store(key(run_id, "policy"), node.peer_id, forged.encode(), 3)
-        counts["run_record_stored"] += node._store(key(run_id, "authority"), node.peer_id, run_record.encode(), 3)
+        counts["policy_stored"] += node._store(key(run_id, "policy"), forged.encode(), 3)
+        counts["run_record_stored"] += node._store(key(run_id, "authority"), run_record,
+                                                   owned.MAX_TTL_S - 60 if older_record else 3)
+        if older_record:
+            found = node.transport.dht.get(key(run_id, "authority"), latest=True)
+            for sub in (found.value if found is not None else {}):
+                if owned.owner_of(sub) not in (None, node.peer_id):
+                    stored = node.transport.dht.store(key(run_id, "authority"), run_record, get_dht_time() + 365 * 86400,
+                                                      subkey=sub)
+                    counts["pin_stored" if stored else "pin_refused"] += 1
         for learner in [r.peer_id for r in node.peers("learner") if r.peer_id != node.peer_id]:
             for proto in ("state", "hello"):
                 try:

@@ -271,3 +271,21 @@ def test_fuzz_signer_of_mutated_keys_and_signatures(key, sig, flip, ids):
     bad[flip % len(bad)] ^= 1 + flip % 255
     assert a.signer_peer_id(k0.public, msg, bytes(bad)) is None
     assert a.signer_peer_id(k0.public, msg, good) == k0.peer_id
+
+
+def test_trust_never_goes_back_to_an_older_record_even_once_the_newer_one_expired(ids, authority):
+    key, pub = authority
+    (k0, k1) = ids[1]
+    both = a.new_run_record("run1", CONFIG, sorted([k0.peer_id, k1.peer_id]), 1.0, key)
+    revoked = both.model_copy(update={"learners": [k0.peer_id], "issued": both.issued + 5,
+                                      "expires": time.time() + 0.5}).signed(key)
+    trust = a.Trust(pub, "run1")
+    assert trust.refresh({"k1": both.encode()}) == both and trust.authorized(k1.peer_id)
+    assert trust.record_bytes() == both.encode() and trust.record_bytes() is trust.record_bytes()
+    assert trust.refresh({"k0": revoked.encode()}) == revoked and not trust.authorized(k1.peer_id)
+    # the revoked learner keeps offering the older record, which still names it: never adopted again
+    assert trust.refresh({"k1": both.encode()}) == revoked and not trust.authorized(k1.peer_id)
+    time.sleep(0.6)
+    assert trust.refresh({"k1": both.encode()}) is None and not trust.authorized(k1.peer_id)
+    assert trust.issued == revoked.issued and trust.record_bytes() is None
+    assert trust.counts["untrusted/run_record"] == 0  # an older valid record is not a forgery

@@ -454,3 +454,47 @@ def wait_for(pred, timeout_s: float) -> bool:
     while not pred() and time.monotonic() < deadline:
         time.sleep(0.01)
     return bool(pred())
+
+
+def test_a_newer_run_record_in_a_reply_is_adopted_and_a_revoked_learner_gets_nothing_more():
+    from p2prl.swarm import authority as a
+    from p2prl.swarm.dht import RunConfigRecord
+
+    key = a.new_authority_key()
+    config = RunConfigRecord(model="ab" * 32, task="addition", sampling={}, algo={}, optim={})
+    both = a.new_run_record("test", config, ["L1", "L2"], 1.0, key)
+    revoked = both.model_copy(update={"learners": ["L1"], "issued": both.issued + 5}).signed(key)
+    s = fake_sampler(4)
+    s.node.trust = Trust(a.public_hex(key), "test")
+    s.node.trust.refresh({"L2": both.encode()})
+    s.learners = [new_record("learner", "test", p, policy_version=0, throughput=0.0, queue_depth=0)
+                  for p in ("L2", "L1")]
+    s.note_run_record("L2", both.encode())  # what it holds already: nothing changes
+    s.note_run_record("L1", b"\x92junk")
+    assert [r.peer_id for r in s.learners] == ["L2", "L1"] and s.node.trust.counts["untrusted/run_record"] == 0
+    forged = revoked.model_copy(update={"learners": ["L2"], "issued": revoked.issued + 1}).signed(
+        a.new_authority_key())
+    s.note_run_record("L2", forged.encode())
+    assert [r.peer_id for r in s.learners] == ["L2", "L1"] and s.node.trust.counts["untrusted/run_record"] == 1
+    s.node.trust.counts.clear()
+    s.flush()
+    sent = {peer: fut for peer, _, fut in s.node.sent}
+    assert set(sent) == {"L1", "L2"}  # a batch to each, as before the revocation
+    sent["L2"].set_result(pack({"results": [["accepted", ""]] * 2, "queue": 0, "free": 8,
+                                "run_record": revoked.encode()}))
+    s.collect()
+    assert s.node.trust.record == revoked and [r.peer_id for r in s.learners] == ["L1"]
+    s.outbox.add(SimpleNamespace(group_id="S/9"), b"rec9")
+    sent["L1"].set_result(pack({"results": [["accepted", ""]] * 2, "queue": 0, "free": 8}))
+    s.collect()
+    n = len(s.node.sent)
+    s.flush()
+    assert len(s.node.sent) > n and {peer for peer, _, _ in s.node.sent[n:]} == {"L1"}
+
+
+def test_an_authority_learner_names_its_run_record_in_its_replies():
+    lrn = fake_learner([])
+    assert "run_record" not in lrn.policy_hint()  # an open run
+    lrn.run_record = lambda: b"the record"
+    assert lrn.policy_hint()["run_record"] == b"the record"
+    lrn.admission.shutdown()
