@@ -4,7 +4,9 @@ Threads: the stream handlers run on the node's network loop; decoding, verificat
 for a share of groups, log-prob spot checks (``spotcheck.py``) run on the single admission thread, so a slow
 reward function stalls no other stream. The group ledger and its admission buffer, shared with the training
 loop, are touched only under ``lock``, which the intake owns (the training loop takes it too). Every rejection
-is counted and counts against the sending peer's reputation; a bad record never raises out of a handler.
+is counted and counts against the sending peer's reputation; a bad record never raises out of a handler. The group
+counters each sampler session sent are counted too (``SessionCounters``, under ``lock``): gaps in them are groups a
+sampler made and kept back, which ``p2prl status`` shows from the learners' peer records.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ import logging
 import math
 import threading
 import time
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
 from p2prl.rollout.record import Limits, RecordError, decode_group
+from p2prl.rollout.verify import MAX_COUNTER_DIGITS
+from p2prl.swarm.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
 from p2prl.swarm.node import FrameError, read_frame, write_frame
 from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, batch_frame_limit, decode_batch, pack,
                                   queue_bounds, queue_room, unpack_map)
@@ -33,6 +38,66 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2prl.learner.core")
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
+MAX_TRACKED_SESSIONS = 256  # sampler sessions whose group counters a learner counts (the most recently active)
+SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions evicts only its own)
+
+
+class SessionCounters:
+    """Which group counters each sampler session sent this learner, for ``p2prl status``'s withheld groups.
+
+    A sampler's groups are ``<peer id>/<session>/<n>`` with n = 0, 1, 2, ... and the prompt of each is assigned to
+    its n, so a sampler that keeps back the groups whose rewards it dislikes leaves gaps in the n it sends. Each
+    learner sees only the groups sent to it: it counts, per session, the distinct counters it read in the newest
+    ``COUNTER_BLOCKS`` blocks of ``COUNTER_BLOCK`` counters (those ending at the highest counter it read) and
+    publishes them in its peer record; ``p2prl status`` adds up the learners' counts. Memory is bounded: a bit per
+    counter of those blocks, for at most ``MAX_TRACKED_SESSIONS`` sessions (``SESSIONS_PER_SAMPLER`` per sampler),
+    the least recently active forgotten first. A counter older than the blocks is not counted (it cannot be told
+    from a duplicate); a duplicate is counted once. Not thread-safe: the intake calls it under its lock."""
+
+    def __init__(self, max_sessions: int = MAX_TRACKED_SESSIONS, per_sampler: int = SESSIONS_PER_SAMPLER):
+        self.max_sessions, self.per_sampler = max_sessions, per_sampler
+        self.sessions: OrderedDict[str, list[int]] = OrderedDict()  # prefix -> [highest counter, bits], LRU first
+        self.late = 0  # counters older than their session's blocks, not counted
+
+    def note(self, group_id: str) -> None:
+        """A group whose record decoded, from the sampler its id names (other ids are ignored)."""
+        prefix, _, n = group_id.rpartition("/")
+        if not (n.isascii() and n.isdigit() and len(n) <= MAX_COUNTER_DIGITS) or not SESSION_PREFIX.fullmatch(prefix):
+            return
+        n = int(n)
+        entry = self.sessions.get(prefix)
+        if entry is None:
+            entry = self.sessions[prefix] = [n, 0]
+            self._evict(prefix)
+        self.sessions.move_to_end(prefix)
+        highest, bits = entry
+        if n > highest:  # a newer block: the oldest ones slide out
+            bits >>= counter_window(n) - counter_window(highest)
+            highest = n
+        offset = n - counter_window(highest)
+        if offset < 0:
+            self.late += 1
+            return
+        entry[:] = [highest, bits | (1 << offset)]
+
+    def _evict(self, prefix: str) -> None:
+        sampler = prefix.partition("/")[0]
+        own = [p for p in self.sessions if p.partition("/")[0] == sampler]
+        for p in own[: max(0, len(own) - self.per_sampler)]:
+            del self.sessions[p]
+        while len(self.sessions) > self.max_sessions:
+            self.sessions.popitem(last=False)
+
+    def summary(self, limit: int = MAX_RECORD_SESSIONS) -> tuple[list[tuple[str, int, list[int]]], int]:
+        """(the ``limit`` most recently active sessions as [prefix, highest counter, counters seen in each block,
+        newest block first], how many more there are): a peer record's ``sessions`` and ``sessions_left_out``."""
+        out = []
+        for prefix, (highest, bits) in list(reversed(self.sessions.items()))[:limit]:
+            top = highest // COUNTER_BLOCK - counter_window(highest) // COUNTER_BLOCK
+            mask = (1 << COUNTER_BLOCK) - 1
+            out.append((prefix, highest, [((bits >> (b * COUNTER_BLOCK)) & mask).bit_count()
+                                          for b in range(top, -1, -1)]))
+        return out, len(self.sessions) - len(out)
 
 
 class RolloutIntake:
@@ -50,6 +115,7 @@ class RolloutIntake:
         self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
         self.lock = threading.Condition()  # guards the ledger and its admission buffer; notified on admission
         self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
+        self.counters = SessionCounters()  # the group counters each sampler session sent (under ``lock``)
         self.bytes_in = 0  # rollout records received
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
 
@@ -80,6 +146,7 @@ class RolloutIntake:
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
             with self.lock:
+                self.counters.note(g.group_id)  # read, whatever becomes of it: not withheld
                 self.ledger.check(g, self.version())
             self.verifier.check(g)  # recomputes the rewards
             if self.spot.wants(g.group_id, peer):

@@ -388,10 +388,12 @@ class Learner:
         with self.lock:
             depth = len(self.buffer)
             rejected = group_totals(self.counts, 0)["rejected"]
+            sessions, left_out = self.intake.counters.summary()  # for withheld groups in `p2prl status`
         bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
                           throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
-                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc)
+                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc,
+                          sessions=sessions, sessions_left_out=left_out)
 
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,

@@ -119,6 +119,7 @@ class View:
 
     counts: dict[str, int] = field(default_factory=dict)
     groups: int = 0
+    unread: int = 0  # groups no learner may have read yet (``Outbox.unread``)
 
 
 class Sampler:
@@ -397,12 +398,17 @@ class Sampler:
         self.node.refresh_trust()
         self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
-                                      queue_depth=self.view.groups))
+                                      queue_depth=self.view.groups, session=self.session(), unread=self.view.unread))
         errors = self.node.dht_errors
         learners = self.node.peers("learner")
         if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
             self.learners = learners
         self.saw(max((r.policy_version for r in learners), default=0))
+
+    def session(self) -> str:
+        """The session of this sampler's group ids (``<peer id>/<session>/<n>``), empty when they have none."""
+        prefix = getattr(self.core, "prefix", "")
+        return prefix[len(self.node.peer_id) + 1:] if prefix.startswith(self.node.peer_id + "/") else ""
 
     def join_authority_run(self, stop: threading.Event) -> None:
         """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
@@ -465,7 +471,7 @@ class Sampler:
             self.generate(stop, shown)
         finally:
             shown.close(self.snapshot())
-        self.view = View(dict(self.outbox.counts), len(self.outbox))
+        self.view = View(dict(self.outbox.counts), len(self.outbox), self.outbox.unread())
         self.wake.set()  # the sync thread waits for it, or for net.poll_s
         for t in threads:
             t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
@@ -475,7 +481,7 @@ class Sampler:
         n = self.cfg.train.groups_per_step
         last_poll = 0.0
         while not stop.is_set():
-            self.view = View(dict(self.outbox.counts), len(self.outbox))
+            self.view = View(dict(self.outbox.counts), len(self.outbox), self.outbox.unread())
             shown.update(self.snapshot())
             # a newer version fetched by the sync thread: loaded here, between rollouts
             if (got := self.fetched.take()) is not None:

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("p2prl.sampler.core")
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+UNREAD_REASONS = ("banned", "oversized", "internal")  # rejections that may come before a learner read the group's id
 GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
 
 
@@ -81,6 +82,13 @@ class Outbox:
         held = sum(1 for p in self.groups.values() if p.learner is not None and not p.sending)
         sending = sum(1 for p in self.groups.values() if p.sending)
         return {"awaiting_confirmation": held, "in_flight": sending, "unsent": len(self.groups) - held - sending}
+
+    def unread(self) -> int:
+        """Groups of this session no learner may have read yet (its peer record's ``unread``, against which
+        ``p2prl status`` weighs the gaps in the group counters learners read): waiting or being sent, and those
+        let go after a rejection that may have come before the learner read them."""
+        waiting = sum(1 for p in self.groups.values() if p.learner is None or p.sending)
+        return waiting + sum(self.counts[f"send/rejected/{r}"] for r in UNREAD_REASONS)
 
     def unsent(self) -> list[Pending]:
         """Groups no learner holds and none is being sent (new, answered ``busy``, or to be resent), oldest first."""

@@ -292,9 +292,28 @@ class _Record(BaseModel):
 Record = _Record  # the base of DHT records defined in other modules (swarm/authority.py)
 
 
+# learners' counts of the group counters each sampler session sent them (withheld groups: ``p2prl status``)
+COUNTER_BLOCK = 128  # counters n // COUNTER_BLOCK form one block
+COUNTER_BLOCKS = 4  # blocks counted per session: the newest, ending at the highest counter seen
+MAX_RECORD_SESSIONS = 32  # sessions a learner lists (the most recently active)
+MAX_COUNTER = 10**12 - 1  # a group counter has at most 12 digits (rollout/verify.py)
+SESSION_PREFIX = re.compile(r"[0-9A-Za-z._-]{1,128}(/[0-9A-Za-z._-]{1,32})?")  # "<peer id>/<session>": a group id
+SessionPrefix = Annotated[str, Field(max_length=161, pattern=rf"^{SESSION_PREFIX.pattern}$")]  # less its counter
+
+
+def counter_window(highest: int) -> int:
+    """The lowest counter of the ``COUNTER_BLOCKS`` blocks that end at the block of ``highest``."""
+    return max(0, highest // COUNTER_BLOCK - COUNTER_BLOCKS + 1) * COUNTER_BLOCK
+
+
+SessionCount = tuple[SessionPrefix, Annotated[int, Field(ge=0, le=MAX_COUNTER)],
+                     Annotated[list[Annotated[int, Field(ge=0, le=COUNTER_BLOCK)]], Field(max_length=COUNTER_BLOCKS)]]
+
+
 class PeerRecord(_Record):
     """What every peer announces under ``key(run_id, "peers")`` with a TTL heartbeat."""
 
+    MAX_BYTES: ClassVar[int] = 8192
     role: Literal["sampler", "learner", "bootstrap"]
     run_id: str = Field(max_length=64)
     peer_id: str = Field(max_length=128)
@@ -312,6 +331,13 @@ class PeerRecord(_Record):
     acc: float | None = Field(None, ge=0.0, le=1.0, description="learners: held-out accuracy at the last evaluation")
     metrics: str = Field("", max_length=MAX_HOSTPORT,
                          description="HOST:PORT of this peer's Prometheus endpoint; empty: none")
+    sessions: list[SessionCount] = Field(
+        default_factory=list, max_length=MAX_RECORD_SESSIONS,
+        description="learners: per sampler session, [prefix, highest counter seen, counters seen in each of the "
+                    "newest COUNTER_BLOCKS blocks, newest first]")
+    sessions_left_out: int = Field(0, ge=0, le=10**6, description="learners: sessions counted but not listed")
+    session: str = Field("", pattern=r"^[0-9A-Za-z._-]{0,32}$", description="samplers: the session of its group ids")
+    unread: int = Field(0, ge=0, le=10**12, description="samplers: groups of the session no learner has read yet")
 
     @field_validator("metrics")
     @classmethod
@@ -321,8 +347,9 @@ class PeerRecord(_Record):
         return v
 
     def encode(self) -> bytes:
-        # without an endpoint the field is left out, so peers of protocol 4 (no such field) still read the record
-        return msgpack.packb(self.model_dump(exclude={"metrics"} if not self.metrics else None), use_bin_type=True)
+        # fields of protocol 5 and later are left out when empty, so that older peers (no such field) read the record
+        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread")
+        return msgpack.packb(self.model_dump(exclude={f for f in optional if not getattr(self, f)}), use_bin_type=True)
 
 
 RUNS_KEY = "p2prl/runs"  # outside every run's namespace (a run id holds no "/"): who runs what, across runs

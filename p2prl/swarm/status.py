@@ -6,17 +6,26 @@ with their run id, e.g. a sampler that waits under a mistyped ``--run-id``.
 The run's trust is read from the DHT too (``trust_view``): a run whose learners publish a run authority's record
 is shown as an authority run even without ``--authority``, though only with the authority's key is the record
 checked (and the learners it does not authorize hidden).
+
+A sampler that keeps back groups it made (whose rewards it dislikes) leaves gaps in the group counters learners
+read: ``withheld_groups`` adds up the counts learners publish and names the gaps the sampler does not account for.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
+from typing import TYPE_CHECKING
 
 from p2prl.config import Config
 from p2prl.swarm.authority import Trust, records_found
+from p2prl.swarm.dht import COUNTER_BLOCK, counter_window
 from p2prl.swarm.node import SwarmNode
+
+if TYPE_CHECKING:
+    from p2prl.swarm.dht import PeerRecord, RunConfigRecord
 
 
 def trust_view(node: SwarmNode, run_id: str) -> dict:
@@ -52,15 +61,62 @@ def describe_trust(view: dict) -> str:
             "--authority KEY (the run's trust.authority) to check it and hide learners it does not authorize")
 
 
-def snapshot(node: SwarmNode, run_id: str) -> dict:
+def withheld_groups(peers: list[PeerRecord], heartbeat_s: float, batch: int = 0) -> dict[str, dict]:
+    """Sampler peer id -> what the learners read of its session's newest group counters: ``counters`` (how many
+    counters the window spans: the ``COUNTER_BLOCKS`` blocks ending at the highest one any learner read), ``read``
+    (distinct counters read, summed over learners), ``unread`` (what the sampler says no learner has read yet),
+    ``withheld`` (counters no learner read beyond ``unread`` and a margin for the records' age, two heartbeats of
+    the sampler's throughput and a ``batch`` of groups sent at once: groups made and kept back). A sampler whose
+    session no learner lists is left out; so is one a learner may have read but left out of its record
+    (``sessions_left_out``): its count would be short. Learners' records are believed: a learner
+    that lies can make a sampler look bad (or good)."""
+    learners = [p for p in peers if p.role == "learner"]
+    out = {}
+    for s in peers:
+        if s.role != "sampler":
+            continue
+        prefix = f"{s.peer_id}/{s.session}" if s.session else s.peer_id
+        listed = [[(h, counts) for pre, h, counts in r.sessions if pre == prefix] for r in learners]
+        entries = [e for got in listed for e in got]
+        if not entries or any(r.sessions_left_out and not got for r, got in zip(learners, listed)):
+            continue
+        highest = max(h for h, _ in entries)
+        low = counter_window(highest)
+        read: Counter[int] = Counter()  # block -> counters read, over learners
+        for h, counts in entries:
+            for i, n in enumerate(counts):
+                block = h // COUNTER_BLOCK - i
+                if block * COUNTER_BLOCK >= low:
+                    read[block] += n
+        # a block holds at most its counters (learners that both read a group, or bad counts, add no more)
+        seen = sum(min(n, min(COUNTER_BLOCK, highest + 1 - b * COUNTER_BLOCK)) for b, n in read.items())
+        span = highest + 1 - low
+        margin = math.ceil(s.throughput * 2 * heartbeat_s) + batch  # made since the learners' records were stored
+        out[s.peer_id] = {"counters": span, "read": seen, "unread": s.unread,
+                          "withheld": max(0, span - seen - s.unread - margin)}
+    return out
+
+
+def run_batch(configs: dict[str, RunConfigRecord], default: int) -> int:
+    """The groups a sampler makes at once: the run's ``train.groups_per_step`` as its learners publish it (their run
+    configs' ``optim`` section; the largest), else ``default``."""
+    sizes = [n for r in configs.values() if isinstance(n := r.optim.get("groups_per_step"), int)
+             and not isinstance(n, bool) and 0 < n <= 65_536]
+    return max(sizes, default=default)
+
+
+def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int = 0) -> dict:
     """The run's live peers (rows), its latest version, its trust (``trust_view``) and the other runs' peers by role,
-    from the DHT."""
+    from the DHT; a sampler's row has ``withheld`` (``withheld_groups``, with ``heartbeat_s`` the peers' heartbeat
+    period and ``batch`` the groups a sampler sends at once unless the run's config says; None: unknown)."""
     node.refresh_trust()
     peers = node.peers()
     latest = node.latest_policy()
     runs = node.runs()
     version = latest[1].version if latest else None
     now = time.time()
+    configs = node.run_configs() if hasattr(node, "run_configs") else {}  # (a stand-in node may have none)
+    gaps = withheld_groups(peers, heartbeat_s, run_batch(configs, batch))
     rows = [
         {
             "role": p.role, "peer_id": p.peer_id, "policy_version": p.policy_version,
@@ -68,7 +124,7 @@ def snapshot(node: SwarmNode, run_id: str) -> dict:
             "throughput": round(p.throughput, 3), "queue_depth": p.queue_depth,
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
             "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
-            "metrics": p.metrics,
+            "metrics": p.metrics, "withheld": gaps.get(p.peer_id) if p.role == "sampler" else None,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
@@ -110,6 +166,11 @@ def render(snap: dict):
     for r in snap["peers"]:  # the peers each learner bans now (its latest few), by full id so they can be looked up
         if r["banned_ids"]:
             parts.append(f"learner …{r['peer_id'][-10:]} bans {r['banned']}: {', '.join(r['banned_ids'])}")
+    for r in snap["peers"]:  # samplers that keep back groups they made (gaps in the group counters learners read)
+        w = r.get("withheld")
+        if w and w["withheld"] > 0:
+            parts.append(f"sampler …{r['peer_id'][-10:]} withheld about {w['withheld']} of its last {w['counters']} "
+                         f"groups (learners read {w['read']}, it reports {w['unread']} not yet sent)")
     if "trust" in snap:
         parts.append(describe_trust(snap["trust"]))
     return Group(*parts)
@@ -122,8 +183,8 @@ def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, 
     node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
     try:
         if watch is not None:
-            return _watch(node, cfg.net.run_id, watch, count)
-        snap = snapshot(node, cfg.net.run_id)
+            return _watch(node, cfg.net.run_id, watch, count, cfg.net.heartbeat_s, cfg.train.groups_per_step)
+        snap = snapshot(node, cfg.net.run_id, cfg.net.heartbeat_s, cfg.train.groups_per_step)
     finally:
         node.shutdown()
     if as_json:
@@ -135,7 +196,8 @@ def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, 
     return 0
 
 
-def _watch(node: SwarmNode, run_id: str, period_s: float, count: int) -> int:
+def _watch(node: SwarmNode, run_id: str, period_s: float, count: int, heartbeat_s: float = 5.0,
+           batch: int = 0) -> int:
     """A live table on a terminal; elsewhere (a pipe, a file) one table per refresh, appended."""
     from rich.console import Console, Group
     from rich.live import Live
@@ -147,7 +209,7 @@ def _watch(node: SwarmNode, run_id: str, period_s: float, count: int) -> int:
         if live is not None:
             live.start()
         while True:
-            snap = snapshot(node, run_id)
+            snap = snapshot(node, run_id, heartbeat_s, batch)
             n += 1
             view = Group(render(snap), f"{time.strftime('%H:%M:%S')}: refreshed every {period_s:g} s; Ctrl-C to stop")
             if live is not None:

@@ -1,11 +1,15 @@
 """A hostile peer: joins a run and sends a learner one bad record of each kind, then an honest one.
 
 Usage: python tests/hostile_peer.py MADDR RUN_ID MIN_VERSION   (prints {case: [status, reason]} as JSON)
+       python tests/hostile_peer.py MADDR RUN_ID MIN_VERSION withhold N   (sends N sound groups of every other
+       counter, 0, 2, 4, ..., keeping back those between, prints their replies as JSON, then announces itself as a
+       sampler of session "h" with nothing unsent, every second, for at most 120 s)
 """
 
 import json
 import sys
 import threading
+import time
 
 import numpy as np
 
@@ -13,11 +17,13 @@ from p2prl.config import NetConfig
 from p2prl.policy import load_policy
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.rollout.verify import assigned_prompt_id
+from p2prl.swarm.dht import new_record
 from p2prl.swarm.node import SwarmNode, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 from p2prl.tasks.addition import AdditionTask
 
 maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])
+mode = sys.argv[4] if len(sys.argv) > 4 else "cases"
 node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10), "sampler")
 stop = threading.Event()
 import logging
@@ -30,9 +36,9 @@ try:
     task = AdditionTask()
     n = 0
 
-    def group(**change) -> RolloutGroup:
+    def group(counter: int | None = None, **change) -> RolloutGroup:
         global n
-        n += 1
+        n = n + 1 if counter is None else counter
         prob = task.problem(assigned_prompt_id(0, f"{node.peer_id}/h", n))  # the run's task.seed (default 0)
         answers = [str(prob.answer), "7", str(prob.answer), "12"]
         rows = [tok(a).input_ids + [tok.eos_token_id] for a in answers]
@@ -72,6 +78,20 @@ try:
         g.rewards = np.array([float(task.score(prob, tok.decode(r[:k], skip_special_tokens=True)))
                               for r, k in zip(g.tokens, g.lengths)], np.float32)
         return g
+
+    if mode == "withhold":  # sound groups with gaps in their counters: the groups between are "kept back"
+        replies = []
+        for counter in range(0, 2 * int(sys.argv[5]), 2):
+            r = unpack_map(node.request(learner, "rollout", encode_group(group(counter)), MAX_CONTROL_BYTES),
+                           {"status": str})
+            replies.append([r["status"], r.get("reason", "")])
+        print(json.dumps(replies), flush=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # a live sampler of session "h", reporting no group unsent
+            node.announce(new_record("sampler", run_id, node.peer_id, policy_version=rec.version, throughput=0.0,
+                                     queue_depth=0, session="h", unread=0))
+            time.sleep(1)
+        sys.exit(0)
 
     cases = {
         "malformed": b"\x93\x01\x02garbage",
