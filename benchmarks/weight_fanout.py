@@ -8,8 +8,8 @@ processes on 127.0.0.1, loopback-only settings) for ``--steps`` versions of the 
 * the learner's ``metrics.jsonl`` (in ``<out_dir>/learner/``): ``net/weights_bytes_served`` and ``net/weights_uploads`` on its last line;
 * the size of the published blob: ``serialize_weights`` of the learner's final checkpoint (every version
   has the same tensors, so the same size);
-* each sampler's final JSON summary (printed on SIGTERM into ``logs/sampler<i>.log``):
-  ``weights/fetched_from_learner`` and ``weights/fetched_from_sampler``.
+* each sampler's final summary (printed on SIGTERM into ``logs/sampler<i>.log``): from a JSON one
+  ``weights/fetched_from_learner`` and ``weights/fetched_from_sampler``; the versions it loaded from either kind.
 
 Copies per version = bytes served by the learner / (versions published before its last metrics line x blob
 size). Target: at most 2 copies per version.
@@ -43,6 +43,19 @@ def last_json(text: str) -> dict | None:
         return json.loads(text[start + 1 : text.index("\n}", start) + 2])
     except ValueError:
         return None
+
+
+def versions_loaded(summary: dict | None, text: str) -> set[int]:
+    """The versions a sampler loaded (its most recent 256): ``versions_loaded`` of its JSON summary, else the
+    ``policy version(s) loaded, the last vN: v0-3, v5`` line of the summary it prints for a person."""
+    if summary is not None and "versions_loaded" in summary:
+        return {int(v) for v in summary["versions_loaded"]}
+    found = re.findall(r"policy version\(s\) loaded, the last v\d+: (?:\.\.\., )?(.*)", text)
+    out = set()
+    for part in (found[-1].split(", ") if found else []):
+        a, _, b = part.strip().lstrip("v").partition("-")
+        out.update(range(int(a), int(b or a) + 1))
+    return out
 
 
 def learner_dir(out: Path) -> Path:
@@ -113,8 +126,8 @@ def main() -> None:
         summaries, loaded = {}, set()
         for i in range(a.samplers):
             text = (out / "logs" / f"sampler{i}.log").read_text(errors="replace")
-            summaries[f"sampler{i}"] = last_json(text)
-            loaded.update(int(v) for v in re.findall(r"loaded policy v(\d+) ", text))
+            summaries[f"sampler{i}"] = s = last_json(text)
+            loaded.update(versions_loaded(s, text))
         from p2prl.config import load_config
 
         max_uploads = load_config(ROOT / "configs/default.toml", a.overrides).flow.max_uploads_per_version
@@ -150,7 +163,7 @@ def main() -> None:
         f"{100 * tot_l / max(1, tot_l + tot_s):.0f}% of them from the learner. Samplers take up the newest version "
         "when they poll (every `net.poll_s`), so they skip versions the learner publishes faster than that; "
         "the copies per version therefore measure the learner's upload per version it published; the stricter "
-        "\"per loaded version\" column divides by the versions some sampler actually loaded (from their logs). "
+        "\"per loaded version\" column divides by the versions some sampler actually loaded (their summaries). "
         "The blob is the shipped tiny policy's (the default config); uploads of a larger model last longer, "
         "which changes how fetches overlap, so this count is for this size only."
     )

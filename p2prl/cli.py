@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
     jn.add_argument("--announce-maddrs", nargs="+", metavar="MADDR",
                     help="public addresses to announce, e.g. /ip4/<PUBLIC_IP>/tcp/31400 behind port forwarding")
     jn.add_argument("--identity-path", help="private key file for a stable peer id (created when missing)")
+    jn.add_argument("--peers-file", metavar="FILE",
+                    help="the peers this peer saw, kept while it runs and dialled at its next start besides "
+                    "--initial-peers, so that it rejoins through them when its bootstraps are down (net.peers_file; "
+                    "default: TRAIN.OUT_DIR/peers.json for a learner, next to --identity-path for a sampler)")
     jn.add_argument("--no-progress", action="store_true", help="no progress bar")
     jn.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     jn.add_argument("--log-file", default=None, help="also write this peer's log lines to this file")
@@ -367,6 +371,7 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         ("net", "host_maddrs"): getattr(args, "host_maddrs", None),
         ("net", "announce_maddrs"): getattr(args, "announce_maddrs", None),
         ("net", "identity_path"): getattr(args, "identity_path", None),
+        ("net", "peers_file"): getattr(args, "peers_file", None) if args.command == "join" else None,
         ("net", "metrics_port"): getattr(args, "metrics_port", None) if args.command == "join" else None,
         ("net", "metrics_host"): getattr(args, "metrics_host", None),
         ("trust", "authority"): getattr(args, "authority", None) if args.command in ("status", "monitor") else None,
@@ -385,6 +390,8 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
         usable_file(cfg.testing.ack_log, "testing.ack_log")
     if cfg.net.identity_path:
         usable_file(cfg.net.identity_path, "net.identity_path", read_only_if_exists=True)
+    if cfg.net.peers_file and args.command == "join":
+        usable_file(cfg.net.peers_file, "net.peers_file")
     return cfg
 
 

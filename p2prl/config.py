@@ -270,6 +270,11 @@ class NetConfig(_Section):
     """A file of further initial peers, one multiaddr a line, as `p2prl bootstrap --maddrs-file` writes it once it is
     up; a peer waits for it (up to bootstrap_timeout_s) only when it joins the DHT, so it can start together with its
     bootstrap (`p2prl swarm up` does)."""
+    peers_file: str = Field("", max_length=4096)
+    """A learner's or sampler's book of the peers it saw (JSON, at most 64 peers), rewritten while it runs; at start
+    up to 16 of them are dialled besides the initial peers, so that a peer whose bootstraps are all down rejoins
+    through peers it knew. Empty: `<train.out_dir>/peers.json` for a learner, `<identity_path without extension>
+    .peers.json` for a sampler with an identity_path, none for a sampler without one."""
     dht_rpc_timeout_s: float = Field(3.0, gt=0.1, le=600.0)
     """Timeout of one hivemind DHT request (its wait_timeout, default 3 s); raise it for peers whose RTT nears a second
     or more."""

@@ -49,6 +49,7 @@ from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar, rea
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
+from p2prl.swarm import peerbook
 from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.limits import PeerLimits
@@ -424,10 +425,15 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     if cfg.trust.authority:  # refused before it joins: a bad run record or identity names what to do
         trust = learner_trust(cfg.trust.authority, cfg.trust.run_record, cfg.net.identity_path, cfg.net.run_id, None,
                               run_config(cfg, task))
+    # the peers it saw, kept in out_dir: dialled at start too, a way back in when its bootstraps are down
+    book = peerbook.peer_book_path(cfg.net, cfg.train.out_dir)
+    peers = peerbook.known_initial_peers(cfg.net, book)
+    cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # its gate: whom it hears (trust), bans (kept in out_dir across restarts) and per-peer limits, on every stream
     node = SwarmNode(cfg.net, "learner", stop, reputation=Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"),
                      limits=PeerLimits(cfg.trust), trust=trust)
     learner = server = None
+    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
     try:
         join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
         learner = Learner(cfg, node, resumed, task)
@@ -438,4 +444,5 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         prom.stop_metrics(server)
         if learner is not None:
             learner.close()
+        keeper.close()
         node.shutdown()

@@ -34,7 +34,7 @@ import secrets
 import sys
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
@@ -48,6 +48,7 @@ from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.outbox import Outbox
 from p2prl.sampler.report import SamplerProgress, SamplerSnapshot
+from p2prl.swarm import peerbook
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
@@ -66,6 +67,7 @@ MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' repl
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap)
 START_POLL_CAP_S = 0.5  # longest pause between them
+LOADED_LISTED = 256  # the summary lists the versions loaded, at most this many (the most recent)
 
 T = TypeVar("T")
 
@@ -153,7 +155,7 @@ class Sampler:
         self.heard_at = -math.inf  # when a learner's reply last carried its newest record
         self.newest = 0  # the newest version a learner is known to have published (for the lag shown)
         self.loads = 0  # versions loaded into the generator (the loop thread's)
-        self.shows_progress = False  # a progress bar shows the version held: loads after the first are DEBUG lines
+        self.loaded: deque[int] = deque(maxlen=LOADED_LISTED)  # which, the most recent (the summary lists them)
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord, direct: bool = False) -> bytearray | None:
@@ -218,11 +220,13 @@ class Sampler:
             return
         self.next_sync = rec.version + max(1, self.delay.draw())
         self.loads += 1
-        # on a terminal the progress line shows the version: only the first load is an INFO line there; a log
-        # without a progress bar keeps a line per version loaded (what tests and benchmarks read)
-        routine = self.shows_progress and self.loads > 1
-        log.log(logging.DEBUG if routine else logging.INFO, "loaded policy v%d (sha256 %s, verified)", rec.version,
-                rec.sha256[:12])
+        self.loaded.append(rec.version)
+        with self.lock:
+            self.counts["weights/loaded"] += 1
+        # routine after the first: the progress line or the log's status line shows the version held, the metrics
+        # (sampler_events weights/loaded, policy_version) and the end-of-run summary how many were loaded
+        log.log(logging.INFO if self.loads == 1 else logging.DEBUG, "loaded policy v%d (sha256 %s, verified)",
+                rec.version, rec.sha256[:12])
 
     def saw(self, version: int) -> None:
         """A learner published ``version`` (a record found, a reply's hint, a heartbeat): the lag shown is
@@ -438,7 +442,6 @@ class Sampler:
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
         log once a minute."""
-        self.shows_progress = progress
         if not self.cfg.net.client_mode:  # other samplers fetch from us (the node's limits apply)
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
@@ -539,9 +542,15 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     progress bar where stderr is a terminal."""
     # the model loads first: a bootstrap started together with this peer comes up meanwhile
     policy = load_policy(cfg.model.path, cfg.model)
+    # the peers it saw, kept in its peers file: dialled at start too, a way back in when its bootstraps are down
+    book = peerbook.peer_book_path(cfg.net)
+    if book:
+        peers = peerbook.known_initial_peers(cfg.net, book)
+        cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # other samplers fetch weights from us: per-peer limits, slow readers cut (a client-mode peer serves nobody)
     node = SwarmNode(cfg.net, "sampler", stop, limits=None if cfg.net.client_mode else PeerLimits(cfg.trust))
     server = None
+    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
     try:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
@@ -549,6 +558,8 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         sampler.run(stop, progress=progress and sys.stderr.isatty())
     finally:
         prom.stop_metrics(server)
+        keeper.close()
         node.shutdown()
     return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), **sampler.outbox.whereabouts(),
-            "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts}
+            "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts,
+            "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

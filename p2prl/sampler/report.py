@@ -91,6 +91,17 @@ class SamplerProgress:
         self._stack.close()
 
 
+def version_ranges(versions) -> str:
+    """``v0-3, v5, v7-9``: versions in ranges of consecutive ones, in order."""
+    out: list[list[int]] = []
+    for v in sorted(set(versions)):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(f"v{a}" if a == b else f"v{a}-{b}" for a, b in out)
+
+
 def format_summary(summary: dict) -> str:
     """A sampler's end of run for a person (``run_sampler``'s summary). Groups a learner accepted but has not yet
     confirmed are not lost with the sampler: they stay in that learner's queue and ledger, which trains them (or
@@ -114,5 +125,10 @@ def format_summary(summary: dict) -> str:
                      "them)")
     if summary.get("unsent"):
         lines.append(f"  {summary['unsent']} made but not yet sent when it stopped are not used")
+    if summary.get("weights/loaded"):
+        listed = summary.get("versions_loaded", [])
+        more = "..., " if summary["weights/loaded"] > len(listed) else ""  # only the most recent are listed
+        lines.append(f"  {summary['weights/loaded']} policy version(s) loaded, the last "
+                     f"v{summary.get('policy_version', 0)}" + (f": {more}{version_ranges(listed)}" if listed else ""))
     lines.append("  (`--json` prints this summary as JSON)")
     return "\n".join(lines)

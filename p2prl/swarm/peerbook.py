@@ -7,6 +7,11 @@ empty swarm for as long as no peer happened to contact it. A restarted node ther
 it knew (this book) and its ``--initial-peers`` itself: each peer that answers a DHT ping puts the node
 back into its own routing table, and a lookup of the node's own id through them fills in the rest.
 
+Learners and samplers keep a book too (``Keeper``; a learner's in its out_dir, a sampler's next to its identity):
+at start they dial up to ``KNOWN_AT_START`` of its peers as further initial peers (``known_initial_peers``), so one
+whose bootstraps are all down rejoins through peers it knew. hivemind's start needs one initial peer that answers;
+the dead ones cost a failed dial each, in parallel (seconds; a black-holed address about 6 s).
+
 The book is a small JSON file (``{"version": 1, "peers": [{"peer_id", "maddrs", "seen"}, ...]}``),
 bounded in entries, addresses and bytes, written atomically; a damaged one is ignored with a warning.
 Addresses are the remote addresses of live connections as the p2p daemon reports them: the peers'
@@ -20,6 +25,7 @@ import asyncio
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -202,3 +208,126 @@ async def dial(node, peers: Sequence[KnownPeer], *, timeout_s: float = DIAL_TIME
         except asyncio.TimeoutError:
             log.debug("the lookup of this node's neighbours took over %.0f s; the table fills as peers call", timeout_s)
     return len(answered)
+
+
+# ---- learners and samplers: the book as extra initial peers, kept while the peer runs -------------------------
+KNOWN_AT_START = 16  # the most recently seen peers of the book dialled at start, besides the initial peers
+SAVE_FIRST_S = 10.0  # a peer's book is first written this long after it joined (a crash soon after keeps one) ...
+SAVE_PERIOD_S = 60.0  # ... then this often, and once more when it stops
+
+
+def peer_book_path(net, out_dir: str = "") -> str:
+    """Where a learner or sampler keeps its book: ``net.peers_file``; else ``<out_dir>/peers.json`` (learners),
+    else next to ``net.identity_path`` (``default_path``); empty (no book) for a peer with none of them."""
+    if net.peers_file:
+        return net.peers_file
+    if out_dir:
+        return os.path.join(out_dir, "peers.json")
+    return default_path(net.identity_path) if net.identity_path else ""
+
+
+def _file_peers(path: str) -> list[str]:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return f.read(MAX_FILE_BYTES).split()
+    except OSError:
+        return []
+
+
+def with_known(configured: list[str], book: Sequence[KnownPeer], scope: str | None,
+               limit: int = KNOWN_AT_START) -> list[str]:
+    """``configured`` (the initial peers), then full multiaddrs of up to ``limit`` peers of ``book`` that are not
+    among them, most recently seen first, at their addresses of the run's ``scope`` alone (``reach.run_scope`` of
+    the initial peers: the peer's announced addresses and reachability check stay what they were) and only those
+    that parse as hivemind reads them, since one it refuses would fail the whole start. No ``scope`` (no initial
+    peers: the first peer of a run): none of the book."""
+    from p2prl.swarm import reach
+
+    if scope is None:
+        return list(configured)
+    have = {reach.maddr_peer(m) for m in configured}
+    out, added = list(configured), 0
+    for p in sorted(book, key=lambda p: -p.seen):
+        if added >= limit:
+            break
+        if p.peer_id in have:
+            continue
+        maddrs = [f"{a}/p2p/{p.peer_id}" for a in p.maddrs if "/p2p" not in a and reach.maddr_scope(a) == scope]
+        maddrs = [m for m in maddrs if not reach.check_initial_peers([m])]
+        if maddrs:
+            out += maddrs
+            have.add(p.peer_id)
+            added += 1
+    return out
+
+
+def known_initial_peers(net, path: str) -> list[str]:
+    """``net.initial_peers`` and the peers of the book at ``path`` (``with_known``), for a learner or sampler that
+    starts: when its bootstraps are all down, a peer it knew still lets it rejoin (any one that answers does)."""
+    if not path:
+        return list(net.initial_peers)
+    from p2prl.swarm import reach
+
+    book = load(path)
+    if not book:
+        return list(net.initial_peers)
+    listed = list(net.initial_peers) + (_file_peers(net.initial_peers_file) if net.initial_peers_file else [])
+    scope = "local" if net.loopback else reach.run_scope(listed)
+    peers = with_known(list(net.initial_peers), book, scope)
+    n = len({reach.maddr_peer(m) for m in peers[len(net.initial_peers):]})
+    if n:
+        log.info("also dialling %d peer(s) of the peers file %s at start", n, path)
+    return peers
+
+
+async def _seen(_dht, node) -> list[KnownPeer]:
+    return await seen_peers(node)
+
+
+class Keeper:
+    """Keeps a learner's or sampler's book at ``path``: the peers of its routing table merged in, written
+    ``SAVE_FIRST_S`` after start, every ``SAVE_PERIOD_S`` then, and at ``close`` (before the node stops). ``dht``:
+    a callable giving the node's hivemind DHT now (a restarted DHT is another one), or None for another transport."""
+
+    def __init__(self, path: str, dht, first_s: float = SAVE_FIRST_S, period_s: float = SAVE_PERIOD_S):
+        self.path, self.dht, self.first_s, self.period_s = path, dht, first_s, period_s
+        self.book = load(path) if path else []
+        self.warn = True  # a failed write is a warning once, then debug lines until one succeeds
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="p2prl-peerbook", daemon=True)
+        if path:
+            self.thread.start()
+
+    def _run(self) -> None:
+        wait = self.first_s
+        while not self.stop.wait(wait):
+            self.save()
+            wait = self.period_s
+
+    def save(self) -> None:
+        dht = self.dht()
+        if dht is None:
+            return
+        try:
+            seen = dht.run_coroutine(_seen, return_future=True).result(timeout=DIAL_TIMEOUT_S * 2)
+        except Exception as e:  # the DHT stopping or restarting: the next round, or the book as it was
+            log.debug("peers file: no peers read: %s: %s", type(e).__name__, e)
+            return
+        self.book = merge(self.book, seen, time.time(), exclude=dht.peer_id.to_base58())
+        if not self.book:
+            return
+        try:
+            save(self.path, self.book)
+            self.warn = True
+        except OSError as e:
+            log.log(logging.WARNING if self.warn else logging.DEBUG, "could not write the peers file %s: %s",
+                    self.path, e.strerror or e)
+            self.warn = False
+
+    def close(self) -> None:
+        """A last write, then stop (call before the node's DHT shuts down)."""
+        if not self.path:
+            return
+        self.stop.set()
+        self.thread.join(timeout=DIAL_BUDGET_S)
+        self.save()

@@ -2,9 +2,11 @@
 
 import pytest
 
+from helpers.prom_util import free_port, scrape
 from helpers.swarm_util import Peers, last_json, read_jsonl, wait_for
 
 LORA = ("model.lora_rank=4", "train.lr=1e-2")
+LOADED = "p2prl_sampler_events_total{outcome=loaded,reason=,section=weights}"  # versions a sampler took up
 
 
 @pytest.fixture
@@ -19,11 +21,12 @@ def test_lora_swarm_trains_adapters_and_refuses_a_full_weight_sampler(peers, tmp
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
     peers.join("learner", "learner", maddr, "train.steps=1000", *LORA, out=out)
-    peers.join("s0", "sampler", maddr, *LORA)
+    port = free_port()
+    peers.join("s0", "sampler", maddr, *LORA, f"net.metrics_port={port}")
 
     def progressed():
         lines = read_jsonl(out / "train_log.jsonl")
-        return len(lines) > 4 and peers.log("s0").count("verified)") >= 2
+        return len(lines) > 4 and scrape(port).get(LOADED, 0) >= 2
 
     wait_for(progressed, 300, "4 LoRA versions trained and the sampler on a newer one")
     full = peers.join("s1", "sampler", maddr)  # no adapters: another run config

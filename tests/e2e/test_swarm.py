@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from helpers.prom_util import free_port, scrape
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
+
+LOADED = "p2prl_sampler_events_total{outcome=loaded,reason=,section=weights}"  # versions a sampler took up
 
 
 def check_log(out):
@@ -30,13 +33,14 @@ def test_two_samplers_one_learner(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
     peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
-    peers.join("s0", "sampler", maddr)
+    ports = {"s0": free_port(), "s1": free_port()}  # their metrics count the versions they load
+    peers.join("s0", "sampler", maddr, f"net.metrics_port={ports['s0']}")
     peers.start("s1", ["join", "--role", "sampler", "--client-mode", "--loopback", "--no-progress", "--json",
-                       "--initial-peers", maddr, *FAST])  # behind NAT: outbound connections only
+                       "--initial-peers", maddr, *FAST, f"net.metrics_port={ports['s1']}"])  # behind NAT: outbound only
     def progressed():
         lines = read_jsonl(out / "train_log.jsonl")
         trained_by = {gid.split("/")[0] for l in lines for gid, _, _ in l["groups"]}
-        loaded = [peers.log(name).count("verified)") for name in ("s0", "s1")]  # versions each sampler took up
+        loaded = [scrape(port).get(LOADED, 0) for port in ports.values()]  # versions each sampler took up
         newer = any(v > 0 for l in lines for _, v, _ in l["groups"])  # a group made with a newer version, trained
         return len(lines) > 6 and len(trained_by) == 2 and min(loaded) >= 2 and newer
 
@@ -70,8 +74,9 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     peers.signal("s0", signal.SIGKILL)  # a sampler dies without a word ...
     v_kill = version()
     wait_for(lambda: version() >= v_kill + 3, 120, "training to continue without s0")
-    peers.join("s0b", "sampler", maddr)  # ... and comes back
-    wait_for(lambda: "verified)" in peers.log("s0b"), 120, "the restarted sampler to load a policy")
+    port = free_port()
+    peers.join("s0b", "sampler", maddr, f"net.metrics_port={port}")  # ... and comes back
+    wait_for(lambda: scrape(port).get(LOADED, 0) >= 1, 120, "the restarted sampler to load a policy")
 
     assert peers.stop("learner") == 0, peers.log("learner")
     v_stop = version()

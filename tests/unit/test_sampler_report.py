@@ -3,7 +3,6 @@
 import logging
 from types import SimpleNamespace
 
-import pytest
 
 from p2prl.config import load_config
 from p2prl.sampler.loop import Sampler
@@ -66,16 +65,18 @@ def sampler() -> Sampler:
     return Sampler(cfg, SimpleNamespace(peer_id="S" * 12, trust=Trust("", "run")), core=core)
 
 
-@pytest.mark.parametrize("bar", [True, False])
-def test_with_a_progress_bar_only_the_first_loaded_version_is_an_info_line(caplog, bar):
+def test_only_the_first_loaded_version_is_an_info_line_and_loads_are_counted(caplog):
     s = sampler()
-    s.shows_progress = bar
     with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.core"):
-        for v in (0, 1, 2):
+        for v in (0, 1, 3):
             s.load("L" * 12, PolicyRecord(version=v, sha256=f"{v:x}" * 64, size=1), bytearray(b"w"))
     loaded = [r for r in caplog.records if r.getMessage().startswith("loaded policy")]
-    later = logging.DEBUG if bar else logging.INFO  # a log without a bar keeps its line per version
-    assert [r.levelno for r in loaded] == [logging.INFO, later, later]
+    assert [r.levelno for r in loaded] == [logging.INFO, logging.DEBUG, logging.DEBUG]  # with or without a bar
+    assert s.all_counts()["weights/loaded"] == 3 and list(s.loaded) == [0, 1, 3]  # the summary and metrics read
+    summary = {"weights/loaded": 3, "policy_version": 3, "versions_loaded": [0, 1, 3]}
+    assert "\n  3 policy version(s) loaded, the last v3: v0-1, v3\n" in format_summary(summary)
+    summary = {"weights/loaded": 9, "policy_version": 12, "versions_loaded": [7, 8, 9, 12]}  # the most recent only
+    assert "\n  9 policy version(s) loaded, the last v12: ..., v7-9, v12\n" in format_summary(summary)
 
 
 def test_the_lag_counts_from_the_newest_version_learners_published():

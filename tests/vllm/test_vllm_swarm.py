@@ -4,10 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from helpers.prom_util import free_port, scrape
 from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]
+LOADED = "p2prl_sampler_events_total{outcome=loaded,reason=,section=weights}"  # versions a sampler took up
 
 
 @pytest.mark.slow  # CI time: tests/vllm/test_backend.py runs the engine (generation, log-probs, reloads)
@@ -30,11 +32,12 @@ def test_vllm_and_transformers_samplers_train_one_learner_that_learns(peers, tmp
     peers.join("learner", "learner", maddr, *math, "train.steps=20", "staleness.max_staleness=1000",
                "train.wait_for_samplers=2", out=out, config=config)
     acks = tmp_path / "vllm.acks"  # the groups the vLLM sampler was told are trained
+    port = free_port()  # its metrics count the versions it loads
     peers.join("vllm", "sampler", maddr, *math, "sampling.backend=vllm", "sampling.vllm_kv_cache_gib=0.25",
-               "flow.outbox_limit=4", f"testing.ack_log={acks}", config=config)
+               "flow.outbox_limit=4", f"testing.ack_log={acks}", f"net.metrics_port={port}", config=config)
 
     # the vLLM sampler starts an engine (minutes on 2 shared cores) and loads v0 into it; then the other joins
-    wait_for(lambda: "verified)" in peers.log("vllm") or peers.procs["vllm"].poll() is not None, 900,
+    wait_for(lambda: scrape(port).get(LOADED, 0) >= 1 or peers.procs["vllm"].poll() is not None, 900,
              "the vLLM sampler to load v0")
     assert peers.procs["vllm"].poll() is None, peers.log("vllm")[-3000:]
     peers.join("hf", "sampler", maddr, *math, config=config)
@@ -59,6 +62,6 @@ def test_vllm_and_transformers_samplers_train_one_learner_that_learns(peers, tmp
     summary = last_json(peers.log("learner"))
     assert summary["version"] == 20 and [l["version"] for l in lines] == list(range(21))
     assert len({gid.split("/")[0] for gid, _ in trained()}) == 2
-    assert peers.log("vllm").count("verified)") >= 2, "the vLLM sampler did not load a second version"
+    assert scrape(port).get(LOADED, 0) >= 2, "the vLLM sampler did not load a second version"
     assert "vLLM loaded a version" in peers.log("vllm")
     assert summary["final_acc"] >= summary["base_acc"] + 0.2, summary
