@@ -1,18 +1,28 @@
-"""Benchmark: a learner's training speed while a hostile peer floods it with `state` and `weights` requests.
+"""Benchmark: a learner's training speed while hostile peers flood it: `state` and `weights` requests from one
+peer id and from many fresh ones, malformed frames, partial frame headers.
 
-    python benchmarks/flood.py [--window 20] [--workers 16] [--repeats 2] [section.key=value ...]
+    python benchmarks/flood.py [--window 20] [--workers 16] [--repeats 2] [--ids 50]
+                               [--floods one,fresh,malformed,partial] [--references one] [section.key=value ...]
 
 One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap, a learner
 and a sampler (``SETTINGS``: the small test settings, builtin policy). Once the learner has
-published 3 trained versions, quiet and flooded windows of ``--window`` seconds alternate
-(quiet, flood, flood, quiet, ...; ``--repeats`` of each); in a flooded window
-``tests/helpers/trust_peer.py flood`` (one peer id, ``--workers`` threads, each sending `state` or
-`weights` requests back to back) runs for the window. The learner's versions/s per window come from
-its ``metrics.jsonl``; the figure is the median flooded over the median quiet window (target >= 0.7).
-The swarm runs three times: with the default per-peer limits (``trust.*``), and for reference
-with strict limits (``STRICT``: nearly every flood request refused) and with them lifted
-(``UNLIMITED``). The flooder shares this machine's cores with the learner, so part of any
-slow-down is plain CPU contention.
+published 3 trained versions, quiet windows and flooded windows of ``--window`` seconds alternate
+(quiet, each flood, quiet, each flood in reverse order, ...: ``--repeats`` of each, and a last quiet
+one). A flooded window runs ``tests/helpers/trust_peer.py`` with ``--workers`` concurrent requests
+for the window (its fresh ids' daemons start before the window does):
+
+- ``one``: one peer id sending `state` and `weights` requests back to back (``fresh`` with 0 ids);
+- ``fresh``: the same from ``--ids`` fresh peer ids (each a libp2p daemon of its own);
+- ``malformed``: malformed frames from ``--ids`` fresh ids on every protocol a learner serves (length headers
+  over any bound, bodies that are no request, bodies cut short, streams closed before a byte or inside the header);
+- ``partial``: streams from ``--ids`` fresh ids that send 3 bytes of a frame header and hold until they are cut.
+
+The learner's versions/s per window come from its ``metrics.jsonl``; the figure is the median
+flooded over the median quiet window (target >= 0.7). The swarm runs with the default limits
+(``trust.*``) and every flood, and for reference with strict limits (``STRICT``: nearly every
+flood request refused) and with them lifted (``UNLIMITED``), with the ``--references`` floods.
+The flooders share this machine's cores with the learner, so part of any slow-down is plain CPU
+contention.
 """
 
 from __future__ import annotations
@@ -36,17 +46,44 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOODER = ROOT / "tests" / "helpers" / "trust_peer.py"
 SETTINGS = ["net.run_id=flood", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_timeout_s=10", "sampling.group_size=4",
             "train.groups_per_step=4", "task.heldout_size=32", "train.eval_every=1000", "train.steps=100000"]
-STRICT = ["trust.peer_bulk_requests_per_s=0.1", "trust.peer_bulk_streams=1"]
+STRICT = ["trust.peer_bulk_requests_per_s=0.1", "trust.peer_bulk_streams=1", "trust.unknown_bulk_requests_per_s=0.1",
+          "trust.unknown_bulk_streams=1"]
 UNLIMITED = ["trust.peer_requests_per_s=1000000", "trust.peer_burst=1000000", "trust.peer_streams=100000",
-             "trust.peer_bulk_requests_per_s=1000000", "trust.peer_bulk_streams=1024"]
+             "trust.peer_bulk_requests_per_s=1000000", "trust.peer_bulk_streams=1024",
+             "trust.unknown_requests_per_s=1000000", "trust.unknown_streams=100000",
+             "trust.unknown_bulk_requests_per_s=1000000", "trust.unknown_bulk_streams=1024"]
+FLOODS = ("one", "fresh", "malformed", "partial")
+WHAT = {"one": "one peer id: `state` and `weights`", "fresh": "{ids} fresh ids: `state` and `weights`",
+        "malformed": "{ids} fresh ids: malformed frames", "partial": "{ids} fresh ids: partial headers"}
 
 
 def versions_per_s(lines: list[dict], t0: float, t1: float) -> float:
     return sum(1 for l in lines if l["step"] > 0 and t0 <= l["time"] < t1) / (t1 - t0)
 
 
-def run(tmp: Path, extra: list[str], a) -> dict:
-    """One swarm: the alternating windows; versions/s per window, flood outcomes, the learner's trust counters."""
+def trust_at(lines: list[dict], t: float) -> dict[str, int]:
+    """The learner's trust counters in its last metrics line before ``t``."""
+    before = [l for l in lines if l["time"] <= t]
+    return {k.split("/", 1)[1]: v for k, v in before[-1].items() if k.startswith("trust/")} if before else {}
+
+
+def flood(kind: str, maddr: str, a) -> dict:
+    """One flooded window: the flooder's outcome counts and the window's wall-clock start and end."""
+    ids = "0" if kind == "one" else str(a.ids)
+    mode = {"one": "fresh", "fresh": "fresh"}.get(kind, kind)
+    done = subprocess.run([sys.executable, str(FLOODER), mode, maddr, "flood", str(a.window), ids, str(a.workers),
+                           "state,weights"], capture_output=True, text=True, timeout=a.window + 300, cwd=ROOT,
+                          start_new_session=True)
+    if done.returncode != 0:
+        noise = ("  File", "    ", "Traceback", "Exception ignored", "RuntimeError: Event loop is closed")
+        said = [l for l in done.stderr.splitlines() if not l.startswith(noise)]
+        raise RuntimeError(f"the flooder ({kind}) failed: " + "\n".join(said[-40:]))
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(tmp: Path, extra: list[str], kinds: list[str], a) -> dict:
+    """One swarm: the alternating windows; versions/s per window, flood outcomes and the learner's trust counters
+    (what they grew by in the flood's windows), per flood."""
     procs = ProcessGroups(tmp, grace_s=10.0, cwd=ROOT)
     try:
         boot = procs.spawn("bootstrap", cli_command("bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
@@ -63,27 +100,35 @@ def run(tmp: Path, extra: list[str], a) -> dict:
             time.sleep(0.5)
         order = []
         for i in range(a.repeats):
-            order += ["quiet", "flood"] if i % 2 == 0 else ["flood", "quiet"]
-        windows, outcomes = [], {}
+            order += ["quiet", *(kinds if i % 2 == 0 else kinds[::-1])]
+        order.append("quiet")
+        windows, outcomes, cuts = [], {k: {} for k in kinds}, {k: [] for k in kinds}
         for kind in order:
-            t0 = time.time()
-            if kind == "flood":
-                done = subprocess.run([sys.executable, str(FLOODER), "flood", maddr, "flood", str(a.window), str(a.workers)],
-                                      capture_output=True, text=True, timeout=a.window + 120, cwd=ROOT, start_new_session=True)
-                if done.returncode != 0:
-                    raise RuntimeError(f"the flooder failed: {done.stderr[-2000:]}")
-                for k, n in json.loads(done.stdout.strip().splitlines()[-1]).items():
-                    outcomes[k] = outcomes.get(k, 0) + n
-            else:
+            if kind == "quiet":
+                t0 = time.time()
                 time.sleep(a.window)
-            windows.append((kind, t0, time.time()))
-        time.sleep(2)  # the last window's metrics lines
+                windows.append((kind, t0, time.time()))
+                continue
+            got = flood(kind, maddr, a)
+            windows.append((kind, got["t0"], got["t1"]))
+            for k, n in got["outcomes"].items():
+                outcomes[kind][k] = outcomes[kind].get(k, 0) + n
+            cuts[kind] += got.get("cut_s", [])
+            if procs.procs["learner"].poll() is not None:
+                raise RuntimeError(f"the learner stopped under the {kind} flood; see {tmp}/learner.log")
+        time.sleep(3)  # the last window's metrics lines
         lines = read_jsonl(metrics)
     finally:
         procs.stop()
-    rates = {k: [versions_per_s(lines, t0, t1) for kind, t0, t1 in windows if kind == k] for k in ("quiet", "flood")}
-    trust = {k.split("/", 1)[1]: v for k, v in lines[-1].items() if k.startswith("trust/") and v} if lines else {}
-    return {"rates": rates, "outcomes": outcomes, "trust": trust}
+    rates = {k: [versions_per_s(lines, t0, t1) for kind, t0, t1 in windows if kind == k] for k in ("quiet", *kinds)}
+    trust = {k: {} for k in kinds}
+    for kind, t0, t1 in windows:
+        if kind != "quiet":
+            before, after = trust_at(lines, t0), trust_at(lines, t1 + 2)
+            for k, v in after.items():
+                if v - before.get(k, 0):
+                    trust[kind][k] = trust[kind].get(k, 0) + v - before.get(k, 0)
+    return {"rates": rates, "outcomes": outcomes, "trust": trust, "cuts": cuts}
 
 
 def main() -> None:
@@ -91,38 +136,62 @@ def main() -> None:
     ap.add_argument("--window", type=float, default=20.0)
     ap.add_argument("--workers", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--ids", type=int, default=50, help="fresh peer ids of the fresh, malformed and partial floods")
+    ap.add_argument("--floods", default=",".join(FLOODS), help="floods under the default limits")
+    ap.add_argument("--references", default="one", help="floods under strict and lifted limits ('' = none)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    floods = [k for k in a.floods.split(",") if k]
+    refs = [k for k in a.references.split(",") if k]
+    if not set(floods + refs) <= set(FLOODS):
+        ap.error(f"floods are among {', '.join(FLOODS)}")
     results = {}
-    for name, extra in (("default limits", []), ("strict limits", STRICT), ("limits lifted", UNLIMITED)):
+    for name, extra, kinds in (("default limits", [], floods), ("strict limits", STRICT, refs),
+                               ("limits lifted", UNLIMITED, refs)):
+        if not kinds:
+            continue
         with tempfile.TemporaryDirectory(prefix="p2prl-flood-") as tmp:
-            results[name] = run(Path(tmp), extra, a)
+            results[name] = run(Path(tmp), extra, kinds, a)
         print(name, json.dumps(results[name]), flush=True)
-    rows = ["| learner limits | versions/s quiet (per window) | versions/s flooded (per window) | flooded / quiet (medians) "
-            "| flood requests: outcome | learner's trust counters | target: >= 0.7 |", "|---|---|---|---|---|---|---|"]
-    verdict = None
+    rows = ["| learner limits | flood | versions/s quiet (per window) | versions/s flooded (per window) "
+            "| flooded / quiet (medians) | flood requests: outcome | learner's trust counters in the flooded windows "
+            "| target: >= 0.7 |", "|---|---|---|---|---|---|---|---|"]
+    verdicts = []
     for name, r in results.items():
-        q, f = r["rates"]["quiet"], r["rates"]["flood"]
-        ratio = statistics.median(f) / statistics.median(q) if statistics.median(q) > 0 else float("nan")
-        ok = "met" if ratio >= 0.7 else "not met"
-        if name == "default limits":
-            verdict = ok
-        rows.append(f"| {name} | {', '.join(f'{x:.2f}' for x in q)} | {', '.join(f'{x:.2f}' for x in f)} | {ratio:.2f} "
-                    f"| {', '.join(f'{k} {n}' for k, n in sorted(r['outcomes'].items()))} "
-                    f"| {', '.join(f'{k} {n}' for k, n in sorted(r['trust'].items())) or '-'} "
-                    f"| {ok if name == 'default limits' else '(reference)'} |")
+        q = r["rates"]["quiet"]
+        for kind in r["outcomes"]:
+            f = r["rates"][kind]
+            ratio = statistics.median(f) / statistics.median(q) if statistics.median(q) > 0 else float("nan")
+            ok = "met" if ratio >= 0.7 else "not met"
+            if name == "default limits":
+                verdicts.append(ok)
+            cut = r["cuts"][kind]
+            cut_s = f" (cut after {statistics.median(cut):.1f} s median, {max(cut):.1f} s at most)" if cut else ""
+            rows.append(f"| {name} | {WHAT[kind].format(ids=a.ids)} | {', '.join(f'{x:.2f}' for x in q)} "
+                        f"| {', '.join(f'{x:.2f}' for x in f)} | {ratio:.2f} "
+                        f"| {', '.join(f'{k} {n}' for k, n in sorted(r['outcomes'][kind].items()))}{cut_s} "
+                        f"| {', '.join(f'{k} {n}' for k, n in sorted(r['trust'][kind].items())) or '-'} "
+                        f"| {ok if name == 'default limits' else '(reference)'} |")
+    overall = "met" if verdicts and all(v == "met" for v in verdicts) else "not met"
     body = "\n".join(rows) + (
         f"\n\nOne learner and one sampler ({' '.join(SETTINGS)}, builtin policy), each its own process on 127.0.0.1; "
-        f"windows of {a.window:.0f} s, quiet and flooded alternating ({a.repeats} of each). The flooder is one peer "
-        f"(`tests/helpers/trust_peer.py flood`) with {a.workers} threads sending `state` and `weights` requests back to "
-        "back to the learner; `ok` = answered (a state snapshot or a weights reply), `refused:limited` = refused "
-        "(after a 1 s pause) by the per-peer limits (`trust.peer_bulk_requests_per_s`, `trust.peer_bulk_streams`). "
-        "For reference, strict limits (nearly every flood request refused): `" + " ".join(STRICT) + "`; limits "
-        "lifted (every request served): `" + " ".join(UNLIMITED) + "`. The flooder runs on the same cores as the "
-        "learner, so part of any slow-down is CPU contention on this machine, not the learner's serving."
-        f"\n\nOverall: {verdict} (default limits: flooded / quiet >= 0.7)."
+        f"windows of {a.window:.0f} s, quiet and flooded alternating ({a.repeats} of each flood, {a.repeats + 1} quiet "
+        f"ones). Each flood is `tests/helpers/trust_peer.py` with {a.workers} concurrent requests: `state` and "
+        "`weights` requests back to back from one peer id or from fresh ones (each fresh id a libp2p daemon of its own "
+        "in the flooder's process), malformed frames (length headers over any bound, bodies that are no request, "
+        "bodies cut short, streams closed before a byte or inside the header) on every protocol a learner serves, or "
+        "streams that send 3 bytes of a header and hold. Outcomes: `ok` = answered (a state snapshot or a weights "
+        "reply), `reply` = some answer to a malformed frame, `cut` = closed unanswered (a cut request, or one its "
+        "handler refused), `refused:limited` = refused by the limits (after a 1 s pause), `refused:banned`. The "
+        "learner's counters: `limited/<protocol>` streams refused by the limits, of them `limited_unknown/<protocol>` "
+        "by the budget all unknown peers share (`trust.unknown_*`), `cut/<reason>/<protocol>` request frames cut "
+        "(`trust.frame_timeout_s`), `bans`, `refused_banned/<protocol>`. For reference, strict limits (nearly "
+        "every flood request refused): `" + " ".join(STRICT) + "`; limits lifted (every request served): `"
+        + " ".join(UNLIMITED) + "`. The flooders run on the same cores as the learner, so part of any slow-down is "
+        "CPU contention on this machine, not the learner's serving."
+        f"\n\nOverall: {overall} (default limits, every flood: flooded / quiet >= 0.7)."
     )
-    write_section("flood", "A flood of state and weights requests: the learner's versions/s",
+    write_section("flood", "Floods of requests and bad frames: the learner's versions/s",
                   "python benchmarks/flood.py " + " ".join(sys.argv[1:]), body)
     print(body)
 

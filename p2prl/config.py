@@ -445,6 +445,23 @@ class TrustConfig(_Section):
     """`state` and `weights` requests one peer may make per second (token bucket of 4x this, at least 4)."""
     peer_bulk_streams: int = Field(2, ge=1, le=1024)
     """`state` and `weights` streams one peer may have open at once."""
+    unknown_requests_per_s: float = Field(200.0, gt=0.0, le=1e6)
+    """Learners: streams that all peers not yet known together may open per second on one protocol (token bucket of
+    2x this), on top of each one's own limits. Known: a peer that had a group accepted by this learner, or an authorized
+    learner of an authority run; unknown peers share this budget, so many fresh peer ids get no more than this
+    together, while known samplers keep their own budget."""
+    unknown_streams: int = Field(64, ge=1, le=100_000)
+    """Learners: streams that all unknown peers together may have open at once."""
+    unknown_bulk_requests_per_s: float = Field(5.0, gt=0.0, le=1e6)
+    """Learners: `state` and `weights` requests that all unknown peers together may make per second (token bucket of
+    4x this, at least 4): a flood from many fresh peer ids is served no more than one peer's."""
+    unknown_bulk_streams: int = Field(2, ge=1, le=1024)
+    """Learners: `state` and `weights` streams that all unknown peers together may have open at once."""
+    frame_timeout_s: float = Field(5.0, gt=0.0, le=3600.0)
+    """A served stream's request must start in time: its 8-byte frame header within this many seconds of the stream's
+    opening, its body within this plus 1 s per MB (an 8 Mbit/s floor); else the stream is cut, counted
+    (`cut/<reason>/<protocol>`) and held against the peer: a rejection toward trust.ban_threshold and a pause of its
+    streams (docs/protocol.md, framing)."""
 
 
 class TestingConfig(_Section):

@@ -154,6 +154,7 @@ class RolloutIntake:
             with self.lock:
                 self.ledger.admit(g, self.version())
                 self.lock.notify_all()
+            self.reputation.vouch(peer)  # a known sampler from now on: its streams keep their own limits (limits.py)
             return "accepted", ""
         except RecordError as e:
             if e.reason == "duplicate":
@@ -195,7 +196,9 @@ class RolloutIntake:
         (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
         now = time.monotonic()
         with self.lock:
-            self.senders[peer] = now
+            # only known samplers (a group accepted) share the queue: records from fresh peer ids cut no share
+            if self.reputation is None or self.reputation.vouched(peer):
+                self.senders[peer] = now
             for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
                 del self.senders[p]
         out = []

@@ -111,7 +111,62 @@ async def write_frame(writer: asyncio.StreamWriter, *parts: bytes, min_bps: floa
     await drain()
 
 
+class FrameCut(ConnectionError):
+    """A served stream's request frame did not come whole and in time (``ServedReader``); ``reason``: ``empty`` (no
+    byte before the stream ended), ``partial_header``, ``header_timeout``, ``slow_body`` or ``truncated``."""
+
+    def __init__(self, reason: str, detail: str):
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+BAD_FRAMES = frozenset({"partial_header", "header_timeout"})  # cuts no honest requester causes: its peer is paused
+FRAME_BPS = 1e6  # a request's body must come at 1 MB/s at least (after trust.frame_timeout_s), as transfer_timeout
+
+
+class ServedReader:
+    """A served stream's reader: the first frame read from it (the request, which every protocol's requester writes
+    at once) must have its header within ``timeout_s`` of the stream's opening and its body within ``timeout_s + size
+    / FRAME_BPS`` after that, else the stream is cut (``FrameCut``, told to ``on_cut`` first, exactly once). Anything
+    else is the wrapped reader's."""
+
+    def __init__(self, reader: asyncio.StreamReader, timeout_s: float, on_cut: Callable[[str], None]):
+        self._reader, self.timeout_s, self.on_cut = reader, timeout_s, on_cut
+        self.deadline, self.first = time.monotonic() + timeout_s, True
+
+    def __getattr__(self, name):
+        return getattr(self._reader, name)
+
+    async def read_request(self, max_len: int) -> bytes:
+        self.first = False
+        try:
+            head = await asyncio.wait_for(self._reader.readexactly(8), max(self.deadline - time.monotonic(), 0.001))
+        except asyncio.TimeoutError:
+            raise self._cut("header_timeout", f"no frame header within {self.timeout_s:g} s") from None
+        except asyncio.IncompleteReadError as e:
+            raise self._cut("partial_header" if e.partial else "empty",
+                            f"the stream ended after {len(e.partial)} of 8 header bytes") from None
+        n = int.from_bytes(head, "big")
+        if n > max_len:
+            raise FrameError(f"frame of {n} bytes exceeds the limit of {max_len}")
+        allowed = self.timeout_s + n / FRAME_BPS
+        try:
+            return await asyncio.wait_for(self._reader.readexactly(n), allowed)
+        except asyncio.TimeoutError:
+            raise self._cut("slow_body", f"a frame of {n} bytes not in within {allowed:.1f} s") from None
+        except asyncio.IncompleteReadError as e:
+            raise self._cut("truncated", f"the stream ended after {len(e.partial)} of {n} bytes") from None
+
+    def _cut(self, reason: str, detail: str) -> FrameCut:
+        self.on_cut(reason)
+        return FrameCut(reason, detail)
+
+
 async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
+    """One frame of at most ``max_len`` bytes (``FrameError`` before reading a longer one); the request of a served
+    stream (``ServedReader``) within its deadlines."""
+    if isinstance(reader, ServedReader) and reader.first:
+        return await reader.read_request(max_len)
     n = int.from_bytes(await reader.readexactly(8), "big")
     if n > max_len:
         raise FrameError(f"frame of {n} bytes exceeds the limit of {max_len}")
@@ -266,7 +321,10 @@ class SwarmNode(Records):
         from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
         A banned peer's stream (``self.reputation``) is refused at once with a ``refusal`` frame,
         one over its peer's limits (``self.limits``) after a pause; both are counted. An oversized
-        request counts against its peer's reputation.
+        request counts against its peer's reputation. A learner's streams from peers it does not know yet
+        (``pooled``) also draw on the budget those peers share (``limits.py``). With ``self.limits``, the request frame
+        must come in time (``ServedReader``, ``trust.frame_timeout_s``): a stream whose request does not is cut,
+        counted (``cut/<reason>/<name>``) and held against its peer (``frame_cut``).
         """
 
         async def on_stream(peer, reader, writer):
@@ -277,7 +335,8 @@ class SwarmNode(Records):
             if self.reputation is not None and self.reputation.banned(peer):
                 self.reputation.refuse(name)
                 return await self._refuse(reader, writer, "banned")
-            if self.limits is not None and self.limits.enter(peer, name) is not None:
+            pooled = self.pooled(peer)
+            if self.limits is not None and self.limits.enter(peer, name, pooled) is not None:
                 # answered after a pause (while this peer has few such streams held): a requester that
                 # retries at once is slowed to its share of the limit instead of spinning on refusals
                 if self.limits.hold(peer):
@@ -286,6 +345,9 @@ class SwarmNode(Records):
                     finally:
                         self.limits.unhold(peer)
                 return await self._refuse(reader, writer, "limited")
+            if self.limits is not None:
+                reader = ServedReader(reader, self.limits.cfg.frame_timeout_s,
+                                      lambda why: self.frame_cut(peer, name, why))
             try:
                 await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
                 # let the requester read the reply and close first: closing at once, or with its unread
@@ -304,9 +366,24 @@ class SwarmNode(Records):
             finally:
                 writer.close()
                 if self.limits is not None:
-                    self.limits.leave(peer, name)
+                    self.limits.leave(peer, name, pooled)
 
         self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
+
+    def pooled(self, peer: str) -> bool:
+        """Does ``peer``'s stream draw on the budget of unknown peers? On a learner (it keeps a reputation), unless it
+        accepted a group of the peer's or the peer is an authorized learner of an authority run."""
+        return (self.reputation is not None and not self.reputation.vouched(peer)
+                and (self.trust.open or not self.trust.authorized(peer)))
+
+    def frame_cut(self, peer: str, name: str, why: str) -> None:
+        """``peer``'s request frame on ``name`` was cut (``FrameCut``): counted; but for an empty stream, a rejection
+        of the peer (``reputation.py``: ban-worthy for ``BAD_FRAMES``); for those also its streams paused."""
+        self.limits.count(f"cut/{why}/{name}")
+        if why != "empty" and self.reputation is not None:
+            self.reputation.reject(peer, why)
+        if why in BAD_FRAMES:
+            self.limits.penalize(peer)
 
     @staticmethod
     async def _refuse(reader, writer, reason: str) -> None:

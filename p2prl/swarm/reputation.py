@@ -10,6 +10,12 @@ not assigned, a far-off log-prob or sampling test, a wrong deterministic reward;
 for ``trust.ban_s``, doubled on each later ban up to
 ``trust.max_ban_s``. Bans are logged once, kept in ``bans.json`` (written atomically) and loaded
 at restart, expired ones dropped. Peer ids are libp2p's authenticated stream ids.
+
+A learner also ``vouch``es for a peer once it accepted a group of the peer's: ``vouched`` peers are known, and
+their streams draw on their own per-peer limits only, not on the budget that unknown peers share (``limits.py``).
+A request frame cut by the node (``node.py``, ``ServedReader``) is a rejection too: a partial header or one that did
+not come in time can ban; a body that came too slowly or was cut short by its sender (``slow_body``, ``truncated``:
+a slow link, a requester that gave up) is counted only.
 """
 
 from __future__ import annotations
@@ -30,7 +36,8 @@ log = logging.getLogger("p2prl.reputation")
 
 # rejections an honest peer causes: the staleness rule at work, a learner behind or on another fork, a resend
 HONEST = frozenset(
-    {"stale", "future_version", "unknown_version", "weights_mismatch", "duplicate", "banned", "internal"})
+    {"stale", "future_version", "unknown_version", "weights_mismatch", "duplicate", "banned", "internal", "slow_body",
+     "truncated"})
 MAX_PEERS = 4096  # peers whose recent rejections are remembered (least recently rejected forgotten first)
 MAX_LISTED = 8  # banned peer ids a learner lists in its peer record
 MAX_PEER_ID = 128
@@ -53,6 +60,7 @@ class Reputation:
         self.peers: OrderedDict[str, _Peer] = OrderedDict()
         self.bans = 0  # bans this process imposed
         self.refused: Counter[str] = Counter()  # records and streams of banned peers refused
+        self.known: OrderedDict[str, None] = OrderedDict()  # peers vouched for (least recently vouched first)
         if path is not None:
             self._load()
 
@@ -74,6 +82,7 @@ class Reputation:
             if len(p.recent) < self.cfg.ban_threshold and not (certain and self.cfg.ban_at_once):
                 return False
             p.recent.clear()
+            self.known.pop(peer, None)
             p.strikes += 1
             length = min(self.cfg.max_ban_s, self.cfg.ban_s * 2 ** min(p.strikes - 1, 64))
             p.until = now + length
@@ -87,6 +96,18 @@ class Reputation:
         with self.lock:
             p = self.peers.get(peer)
             return p is not None and p.until > self.clock()
+
+    def vouch(self, peer: str) -> None:
+        """``peer`` did something only a useful peer does (a group of its accepted): it is known from now on."""
+        with self.lock:
+            self.known[peer] = None
+            self.known.move_to_end(peer)
+            while len(self.known) > MAX_PEERS:
+                self.known.popitem(last=False)
+
+    def vouched(self, peer: str) -> bool:
+        with self.lock:
+            return peer in self.known
 
     def refuse(self, what: str) -> None:
         """Count something of a banned peer refused (``what``: e.g. ``rollout``)."""

@@ -102,7 +102,7 @@ def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
     cfg = load_config(None, ["train.groups_per_step=4", "flow.queue_steps=2", "flow.max_batch_groups=4",
                              *(f"{k}={v}" for k, v in overrides.items())])
     rejected = []
-    reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r))
+    reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r), vouched=lambda p: True)
     ledger = SimpleNamespace(buffer=Buffer(waiting), counts=Counter())
     lrn = RolloutIntake(cfg.flow, cfg.train.groups_per_step, Limits(), ledger, verifier=None, spot=None,
                         reputation=reputation, version=lambda: 0, latest=lambda: None, learners=lambda: 1 + others)
