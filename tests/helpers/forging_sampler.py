@@ -3,7 +3,11 @@ groups with it (correct rewards), and sends the learner N_FORGED of them with ev
 logq lowered by log(1 + algo.eps) (GEPO's / GRPO's weight p/q at the clip boundary 1 + eps), then
 N_HONEST as generated.
 
-Usage: python tests/helpers/forging_sampler.py MADDR N_FORGED N_HONEST [section.key=value ...]
+With ``inject`` first, the N_FORGED groups are a completion injection instead: every completion replaced by a
+hand-written text ending in the right answer (its reward is 1), sent with that text's true log-probs under the
+version (the log-prob check passes; only the sampling test can catch it).
+
+Usage: python tests/helpers/forging_sampler.py [inject] MADDR N_FORGED N_HONEST [section.key=value ...]
 Prints {"forged": {group id: [status, reason]}, "honest": {...}} as JSON (["refused", why] once banned).
 """
 
@@ -21,8 +25,31 @@ from p2prl.sampler.loop import Sampler
 from p2prl.swarm.node import Refused, SwarmNode, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 
-maddr, n_forged, n_honest = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-cfg = load_config(None, ["net.loopback=true", f"net.initial_peers=[{maddr!r}]", *sys.argv[4:]])
+inject = sys.argv[1] == "inject"
+args = sys.argv[2:] if inject else sys.argv[1:]
+maddr, n_forged, n_honest = args[0], int(args[1]), int(args[2])
+cfg = load_config(None, ["net.loopback=true", f"net.initial_peers=[{maddr!r}]", *args[3:]])
+PAYLOAD = "I worked it out step by step and checked every number twice. The answer is \\boxed{{{answer}}}."
+
+
+def injected(g, policy, task):
+    """``g`` with every completion replaced by the payload, its rewards rescored and its true log-probs."""
+    import torch
+
+    from p2prl.policy.model import left_pad, sampling_stats
+
+    answer = task.problem(g.prompt_id).answer
+    ids = policy.tokenizer(PAYLOAD.format(answer=answer)).input_ids + [policy.tokenizer.eos_token_id]
+    G = g.tokens.shape[0]
+    g.tokens, g.lengths = np.array([ids] * G, np.int32), np.full(G, len(ids), np.int32)
+    prompt, mask = left_pad([g.prompt_ids.tolist()] * G, policy.pad_id)
+    s = cfg.sampling
+    with torch.no_grad():
+        stats = sampling_stats(policy.model, prompt, mask, torch.from_numpy(g.tokens.astype(np.int64)),
+                               s.temperature, s.top_k, s.top_p)
+    g.logq = stats["logp"].float().numpy().astype(np.float32)
+    g.rewards = np.array([task.score(task.problem(g.prompt_id), PAYLOAD.format(answer=answer))] * G, np.float32)
+    return g
 log = logging.getLogger("forger")
 stop = threading.Event()
 node = SwarmNode(cfg.net, "sampler", stop)
@@ -33,6 +60,9 @@ try:
     groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged + n_honest))
     shift = math.log1p(cfg.algo.eps)
     for g in groups[:n_forged]:
+        if inject:
+            injected(g, sampler.core.policy, sampler.core.task)
+            continue
         on = np.arange(g.tokens.shape[1])[None] < g.lengths[:, None]
         g.logq = np.where(on, g.logq - shift, g.logq).astype(np.float32)
     replies = {"forged": {}, "honest": {}}

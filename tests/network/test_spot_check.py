@@ -1,5 +1,6 @@
 """Log-prob spot checks on a real swarm: a forging sampler's groups (logq at the clip boundary, correct rewards)
-are rejected as logprob_mismatch at the configured check fraction; honest groups are accepted."""
+are rejected as logprob_mismatch at the configured check fraction; honest groups are accepted. An injected
+completion sent with its true log-probs is refused by the sampling test (not_sampled)."""
 
 import json
 import subprocess
@@ -78,3 +79,32 @@ def test_spot_check_forged_groups_caught_at_the_check_fraction(peers, tmp_path):
         assert reply == (["rejected", "logprob_mismatch"] if selected(salt, gid, 0.5) else ["accepted", ""]), (gid, reply)
     caught = sum(r[0] == "rejected" for r in forged.values())
     assert 8 <= caught <= 32, caught  # Binomial(40, 0.5): outside with probability < 1e-4
+
+
+MATH = ["model.path=builtin:math", "task.name=math", "task.path=builtin:word-problems", "task.chat_template=always",
+        "sampling.max_new_tokens=64", "train.threads=1"]
+
+
+@pytest.mark.slow
+def test_an_injected_completion_with_true_log_probs_is_caught_at_once_by_the_sampling_test(peers, tmp_path):
+    """Completion injection on the math base at default trust settings: a sampler replaces every completion with a
+    hand-written text ending in the right answer and sends that text's true log-probs (so the log-prob check passes
+    and the reward is 1). The sampling test of its first group must refuse it and ban the sampler at once; none of
+    its groups is trained."""
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    learner = peers.join("learner", "learner", maddr, *MATH, "train.steps=2", out=out)
+    wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
+    r = subprocess.run([sys.executable, "tests/helpers/forging_sampler.py", "inject", maddr, "6", "2", *FAST, *MATH],
+                       capture_output=True, text=True, timeout=300, cwd=ROOT, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    replies = json.loads(r.stdout.strip().splitlines()[-1])
+    forged, honest = list(replies["forged"].values()), list(replies["honest"].values())
+    assert forged[0] == ["rejected", "not_sampled"], forged
+    assert all(x[0] == "refused" or x == ["rejected", "banned"] for x in forged[1:] + honest), replies
+    peers.join("s0", "sampler", maddr, *MATH)  # honest data: the learner finishes its run
+    assert learner.wait(timeout=300) == 0, peers.log("learner")
+    summary = last_json(peers.log("learner"))
+    assert summary["trust"]["trust/bans"] == 1 and summary["admission"]["rejected/not_sampled"] == 1, summary
+    trained = {gid for l in read_jsonl(out / "train_log.jsonl") for gid, _, _ in l["groups"]}
+    assert not trained & (set(replies["forged"]) | set(replies["honest"]))
