@@ -27,7 +27,7 @@ def test_a_forked_bootstrap_runs_in_its_own_session_and_stops_with_its_helpers(t
     swarm = ProcessGroups(tmp_path, grace_s=10)
     maddrs = tmp_path / "bootstrap.maddrs"
     boot = swarm.fork("bootstrap", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                                    "--maddrs-file", str(maddrs)])
+                                    "--identity-path", str(tmp_path / "bootstrap.id"), "--maddrs-file", str(maddrs)])
     try:
         assert "/ip4/127.0.0.1/tcp/" in wait_for_file(maddrs, boot, 60, "the bootstrap")
         assert os.getsid(boot.pid) == boot.pid != os.getsid(0)
@@ -46,7 +46,8 @@ def test_a_signal_sent_as_soon_as_fork_returns_reaches_the_child(tmp_path):
     swarm = ProcessGroups(tmp_path, grace_s=10)
     try:
         for i in range(3):
-            child = swarm.fork(f"b{i}", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0"])
+            child = swarm.fork(f"b{i}", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                         "--identity-path", str(tmp_path / f"b{i}.id")])
             assert _session(child.pid) == child.pid
             swarm.signal(f"b{i}", signal.SIGKILL)
             assert child.wait(timeout=30) == -signal.SIGKILL
