@@ -87,6 +87,7 @@ def run(tmp: Path, extra: list[str], kinds: list[str], a) -> dict:
     procs = ProcessGroups(tmp, grace_s=10.0, cwd=ROOT)
     try:
         boot = procs.spawn("bootstrap", cli_command("bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                                    "--identity-path", str(tmp / "bootstrap.id"),
                                                     "--maddrs-file", str(tmp / "maddrs")))
         maddr = wait_for_file(tmp / "maddrs", boot, 60, "the bootstrap").split()[0]
         join = ["join", "--loopback", "--no-progress", "--json", "--initial-peers", maddr, *SETTINGS, *a.overrides]
