@@ -253,7 +253,9 @@ def main() -> None:
         f"Model `{cfg.model.path}`, task `{cfg.task.path}`: greedy held-out accuracy on {cfg.task.heldout_size} problems "
         f"never used for training, every {cfg.train.eval_every} versions; {cfg.train.groups_per_step} groups of "
         f"{cfg.sampling.group_size} completions a version, at most {cfg.sampling.max_new_tokens} tokens each, "
-        f"lr {cfg.train.lr} ({cfg.train.lr_schedule}). Runs one after the other on the same machine; each stops at "
+        f"lr {cfg.train.lr} ({cfg.train.lr_schedule})"
+        + (f"; the LoRA run with {' '.join(f'`{o}`' for o in LORA)}" if "lora" in kinds else "")
+        + f". Runs one after the other on the same machine; each stops at "
         f"v{cfg.train.steps} or after {a.limit_s:.0f} s. Step time: the wall time from the first version to the last over their "
         "count, held-out evaluations included (the same ones in every run). Generated tokens/s: completion tokens of the versions trained "
         "after the first, over their wall time (for the swarm, what the learner trained, not all its samplers made). "
