@@ -31,6 +31,7 @@ class BootstrapError(RuntimeError):
 def dht_kwargs(
     *, host_maddrs: list[str], announce_maddrs: list[str] = (), loopback: bool = False,
     identity_path: str = "", client_mode: bool = False, closed_network: bool = False, rpc_timeout_s: float = 3.0,
+    fresh_identity: bool = False,
 ) -> dict:
     """Keyword arguments for ``hivemind.DHT``: loopback-only when asked, never IPFS.
 
@@ -38,7 +39,9 @@ def dht_kwargs(
     for peers of a closed emulated network that no outside peer can reach. ``client_mode`` (outside those):
     the daemon listens on nothing and uses no relay, so it only ever dials out, directly, and announces no
     address (a peer that cannot be dialled has nothing to announce; its streams never go through a relay's
-    limited connection).
+    limited connection). Every node validates records (``owned.validators``: its own signed with
+    ``identity_path``'s key); ``fresh_identity``: that identity was made for this start, so hivemind's check that no
+    other peer uses it (a throw-away daemon dialling the initial peers) is skipped, as it is without an identity.
     """
     kw: dict = {
         "host_maddrs": [LOOPBACK_MADDR] if loopback else list(host_maddrs),
@@ -53,6 +56,8 @@ def dht_kwargs(
     if identity_path:
         kw["identity_path"] = identity_path
     kw["record_validators"] = owned.validators(identity_path)  # owned subkeys, bounded expirations (owned.py)
+    if fresh_identity:  # made for this start: nobody else can hold it (hivemind would start a daemon to ask)
+        kw["check_if_identity_free"] = False
     if loopback or closed_network:
         # check_if_identity_free would start a throw-away p2pd with hivemind's defaults (NAT probing)
         kw.update(use_relay=False, use_auto_relay=False, auto_nat=False, nat_port_map=False,

@@ -266,7 +266,8 @@ class SwarmNode(Records):
         """Start a DHT with ``dht_args`` and this node's identity; its records go under our owned subkey."""
         peer_id, subkey = owned.owned_subkey(self._identity)
         with owned.identity_file(self._identity) as path:  # the daemon reads it at its start, which this waits for
-            dht = start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, identity_path=path, **self.dht_args)
+            dht = start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, identity_path=path,
+                            fresh_identity=not self.cfg.identity_path, **self.dht_args)
         return HivemindTransport(dht, subkey, on_unowned=self._count_unowned)
 
     def _count_unowned(self, n: int) -> None:
