@@ -98,6 +98,24 @@ class Peers:
         self.group.stop()
 
 
+def peers_in_book(path: Path) -> set[str]:
+    """The peer ids in a peers file (``swarm/peerbook.py``); none while it is missing or being written."""
+    try:
+        return {p["peer_id"] for p in json.loads(path.read_text())["peers"]}
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return set()
+
+
+def last_version(out: Path) -> int:
+    """The newest version in a learner's training log (-1 before its first)."""
+    return max((l["version"] for l in read_jsonl(out / "train_log.jsonl") if "version" in l), default=-1)
+
+
+def acked(path: Path) -> int:
+    """How many group ids a sampler's ack log (``testing.ack_log``) holds."""
+    return len(path.read_text().split()) if path.exists() else 0
+
+
 def last_json(text: str) -> dict:
     """The last top-level JSON object a peer printed (its summary, printed as JSON with ``--json``)."""
     start = text.rfind("\n{")

@@ -8,13 +8,12 @@ sampler joining through it would wait for the run's records for ever.
 
 from __future__ import annotations
 
-import json
 import re
 import signal
 import socket
 from pathlib import Path
 
-from helpers.swarm_util import Peers, read_jsonl, wait_for
+from helpers.swarm_util import Peers, acked, last_version, peers_in_book, wait_for
 
 START_TIMEOUT_S = 120  # a learner loads the model and publishes v0; a sampler loads it and starts generating
 REJOIN_TIMEOUT_S = 60  # the restarted bootstrap dials its peers file at once; the slack is for a loaded machine
@@ -39,21 +38,6 @@ def _start_bootstrap(peers: Peers, name: str, root: Path, port: int) -> str:
     return maddrs.read_text().split()[0]
 
 
-def _book(path: Path) -> set[str]:
-    try:
-        return {p["peer_id"] for p in json.loads(path.read_text())["peers"]}
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return set()
-
-
-def _versions(out: Path) -> int:
-    return max((l["version"] for l in read_jsonl(out / "train_log.jsonl") if "version" in l), default=-1)
-
-
-def _acked(path: Path) -> int:
-    return len(path.read_text().split()) if path.exists() else 0
-
-
 def _live_counts(log: str) -> list[int]:
     return [int(n) for n in re.findall(r"(\d+) live peer\(s\) in the routing table", log)]
 
@@ -64,15 +48,15 @@ def test_restarted_bootstrap_rejoins_and_new_sampler_joins_through_it(peers, tmp
     learner = tmp_path / "learner"
     peers.join("learner", "learner", maddr, "train.steps=100000", out=learner)
     peers.join("s1", "sampler", maddr)
-    wait_for(lambda: _versions(learner) >= 1, START_TIMEOUT_S, "the learner to train v1 with s1's groups")
-    wait_for(lambda: len(_book(tmp_path / "boot.peers.json")) >= 2, 30, "the learner and s1 in the peers file")
+    wait_for(lambda: last_version(learner) >= 1, START_TIMEOUT_S, "the learner to train v1 with s1's groups")
+    wait_for(lambda: len(peers_in_book(tmp_path / "boot.peers.json")) >= 2, 30, "the learner and s1 in the peers file")
 
     peers.signal("boot", signal.SIGKILL)  # a crash: no clean shutdown, the peers file is what it last wrote
     assert peers.procs["boot"].wait(timeout=30) == -signal.SIGKILL
     # the learner publishes a version while the bootstrap is down: its stores to the bootstrap fail, so
     # every peer drops it from its routing table (what happened to a restarted bootstrap's swarm)
-    v_down = _versions(learner)
-    wait_for(lambda: _versions(learner) > v_down, START_TIMEOUT_S, "the learner to publish with the bootstrap down")
+    v_down = last_version(learner)
+    wait_for(lambda: last_version(learner) > v_down, START_TIMEOUT_S, "the learner to publish with the bootstrap down")
 
     assert _start_bootstrap(peers, "boot2", tmp_path, port) == maddr, "the restarted bootstrap has another address"
     wait_for(lambda: any(_live_counts(peers.log("boot2"))), REJOIN_TIMEOUT_S,
@@ -82,6 +66,6 @@ def test_restarted_bootstrap_rejoins_and_new_sampler_joins_through_it(peers, tmp
 
     acks = tmp_path / "s2.acks"
     peers.join("s2", "sampler", maddr, f"testing.ack_log={acks}")  # through the restarted bootstrap alone
-    wait_for(lambda: _acked(acks) >= 4, START_TIMEOUT_S, "groups of the new sampler trained")
+    wait_for(lambda: acked(acks) >= 4, START_TIMEOUT_S, "groups of the new sampler trained")
     for name in ("s2", "s1", "learner", "boot2"):
         assert peers.stop(name) == 0, peers.log(name)

@@ -7,30 +7,13 @@ dead bootstrap's address alone does not keep it out: the learner it knew answers
 
 from __future__ import annotations
 
-import json
 import signal
-from pathlib import Path
 
 import pytest
 
-from helpers.swarm_util import Peers, read_jsonl, wait_for
+from helpers.swarm_util import Peers, acked, last_version, peers_in_book, wait_for
 
 START_TIMEOUT_S = 120  # a learner loads the model and publishes v0; a sampler loads it and starts generating
-
-
-def _book(path: Path) -> set[str]:
-    try:
-        return {p["peer_id"] for p in json.loads(path.read_text())["peers"]}
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
-        return set()
-
-
-def _versions(out: Path) -> int:
-    return max((l["version"] for l in read_jsonl(out / "train_log.jsonl") if "version" in l), default=-1)
-
-
-def _acked(path: Path) -> int:
-    return len(path.read_text().split()) if path.exists() else 0
 
 
 @pytest.mark.slow  # about 35 s: a learner and two sampler starts, the learner's first peers-file write
@@ -43,19 +26,19 @@ def test_sampler_rejoins_through_its_peers_file_when_its_bootstrap_is_dead(peers
     acks = tmp_path / "s1.acks"
     sampler = (f"net.identity_path={ident}", f"testing.ack_log={acks}")
     peers.join("s1", "sampler", maddr, *sampler)
-    wait_for(lambda: _versions(learner) >= 1, START_TIMEOUT_S, "the learner to train v1 with s1's groups")
+    wait_for(lambda: last_version(learner) >= 1, START_TIMEOUT_S, "the learner to train v1 with s1's groups")
     assert peers.stop("s1") == 0, peers.log("s1")  # its last write of the book is at its stop
-    assert len(_book(book) - {boot_id}) >= 1, (book.read_text() if book.exists() else "no book", peers.log("s1"))
+    assert len(peers_in_book(book) - {boot_id}) >= 1, (book.read_text() if book.exists() else "no book", peers.log("s1"))
 
     peers.signal("bootstrap", signal.SIGKILL)
     assert peers.procs["bootstrap"].wait(timeout=30) == -signal.SIGKILL
-    before = _acked(acks)
+    before = acked(acks)
     peers.join("s1b", "sampler", maddr, *sampler)  # the dead bootstrap's address, and its book
-    wait_for(lambda: _acked(acks) >= before + 4 or peers.procs["s1b"].poll() is not None, START_TIMEOUT_S,
+    wait_for(lambda: acked(acks) >= before + 4 or peers.procs["s1b"].poll() is not None, START_TIMEOUT_S,
              "groups of the restarted sampler trained")
     assert peers.procs["s1b"].poll() is None, peers.log("s1b")
     assert "also dialling" in peers.log("s1b")
     # the learner keeps one in its out_dir, first written 10 s after it joined (peerbook.SAVE_FIRST_S)
-    wait_for(lambda: _book(learner / "peers.json"), 30, "the learner's peers file")
+    wait_for(lambda: peers_in_book(learner / "peers.json"), 30, "the learner's peers file")
     for name in ("s1b", "learner"):
         assert peers.stop(name) == 0, peers.log(name)
