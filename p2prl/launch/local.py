@@ -78,11 +78,11 @@ def watch(swarm: ProcessGroups, main: str, maddrs_file: Path, may_finish: frozen
                      f"{swarm.logs / 'bootstrap.log'}:\n{_indent(log_tail(swarm.logs / 'bootstrap.log', TAIL_LINES))}")
                 _say("stopping the other peers")
                 return 1
-        code = swarm.procs[main].poll()
+        codes = {name: p.poll() for name, p in swarm.procs.items()}  # one look each: main may end between two
+        code = codes[main]
         if code == 0:
             return 0
-        dead = {name: c for name, p in swarm.procs.items()
-                if (c := p.poll()) is not None and not (c == 0 and name in may_finish)}
+        dead = {name: c for name, c in codes.items() if c is not None and not (c == 0 and name in may_finish)}
         if dead:
             for name, c in sorted(dead.items(), key=lambda item: item[0] != main):  # the learner first
                 log = swarm.logs / f"{name}.log"
