@@ -1,11 +1,11 @@
 """DHT vandalism against real peers on 127.0.0.1: a stranger cannot overwrite or shadow a peer's records.
 
 An honest learner (a ``SwarmNode``, its DHT in its own process) publishes its peer and policy records through a real
-bootstrap. Two strangers then attack them with one-year expirations (what stalled a run before records were owned):
-one runs hivemind's DHT without p2prl's validators (a modified node: it keeps whatever it likes itself) and stores
-junk under the learner's owned subkey and under its plain peer id (as text and as bytes); the other runs p2prl's validators and tries the
-same through its own node. A reader must still see the learner's records, newer versions must still replace older
-ones, the stranger's far expirations must be refused, and what is left out must be counted.
+bootstrap. Two strangers then attack them with one-year expirations (what stalled a run before records were owned).
+One runs p2prl's validators and tries it through its own node first: every node refuses. Then one runs hivemind's
+DHT without them (a modified node: it keeps whatever it likes itself) and stores junk under the learner's owned
+subkey and under its plain peer id (as text and as bytes). A reader must still see the learner's records, newer
+versions must still replace older ones, and what is left out must be counted.
 """
 
 import hivemind
@@ -27,29 +27,34 @@ def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
     learner = SwarmNode(cfg, "learner")
     reader = SwarmNode(cfg, "sampler")
     stranger = SwarmNode(cfg, "sampler")
-    kw = dht_kwargs(host_maddrs=[], loopback=True)
-    kw.pop("record_validators")  # a modified node: no validators of its own
-    rogue = hivemind.DHT(initial_peers=[maddr], start=True, **kw)
+    rogue = None
     try:
         v1 = PolicyRecord(version=1, sha256="11" * 32, size=1)
-        assert learner.announce(new_record("learner", "owned", learner.peer_id, policy_version=1, throughput=1.0, queue_depth=0))
+        assert learner.announce(new_record("learner", "owned", learner.peer_id, policy_version=1, throughput=1.0,
+                                           queue_depth=0))
         learner.publish_policy(v1)
         wait_for(lambda: reader.latest_policy() == (learner.peer_id, v1), 30, "the learner's v1 in the DHT")
 
         junk_policy = PolicyRecord(version=10**6, sha256="ee" * 32, size=1).encode()
-        junk_peer = new_record("learner", "owned", learner.peer_id, policy_version=10**6, throughput=1e9, queue_depth=0).encode()
+        junk_peer = new_record("learner", "owned", learner.peer_id, policy_version=10**6, throughput=1e9,
+                               queue_depth=0).encode()
         far = get_dht_time() + YEAR
         subkey = learner.transport.subkey
         for k, junk in ((key("owned", "policy"), junk_policy), (key("owned", "peers"), junk_peer)):
-            rogue.store(k, junk, far, subkey=subkey)  # under the learner's owned subkey, unsigned
-            rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)  # under its plain peer id
-            rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id.encode())  # as bytes, as the averager's
-            # through p2prl's validators: refused on this node already, whatever the subkey
+            # through p2prl's validators, every node's here (the stranger's own included): refused, whatever the subkey
             assert not stranger.transport.dht.store(k, junk, far, subkey=subkey)
             assert not stranger.transport.dht.store(k, junk, far, subkey=stranger.transport.subkey)
             assert not stranger.transport.dht.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)
         assert stranger.transport.dht.store(key("owned", "peers"), b"its own", get_dht_time() + 60,
                                             subkey=stranger.transport.subkey)  # within the bound: its own to write
+        # a modified node without validators joins (it keeps what it stores itself; the others refuse it)
+        kw = dht_kwargs(host_maddrs=[], loopback=True)
+        kw.pop("record_validators")
+        rogue = hivemind.DHT(initial_peers=[maddr], start=True, **kw)
+        for k, junk in ((key("owned", "policy"), junk_policy), (key("owned", "peers"), junk_peer)):
+            rogue.store(k, junk, far, subkey=subkey)  # under the learner's owned subkey, unsigned
+            rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)  # under its plain peer id
+            rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id.encode())  # as bytes, as the averager's
 
         v2 = PolicyRecord(version=2, sha256="22" * 32, size=1)
         learner.publish_policy(v2)  # a later, shorter expiration than the junk's still replaces v1
@@ -61,6 +66,7 @@ def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
         # a subkey's records are its owner's: the reader maps them to the learner's peer id, and no other
         assert owned.owner_of(subkey) == learner.peer_id
     finally:
-        shutdown_dht(rogue)
+        if rogue is not None:
+            shutdown_dht(rogue)
         for node in (stranger, reader, learner):
             node.shutdown()
