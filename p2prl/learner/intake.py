@@ -184,7 +184,13 @@ class RolloutIntake:
         share = math.ceil(self.groups_per_step / self.learners())
         since = time.monotonic() - ACTIVE_SENDER_S
         return queue_bounds(share, self.flow.queue_steps, self.flow.max_learner_queue,
-                            sum(t >= since for t in self.senders.values()))
+                            sum(t >= since and self.sharing(p) for p, t in self.senders.items()))
+
+    def sharing(self, peer: str) -> bool:
+        """Whether ``peer`` takes a share of the queue as an active sender: a known sampler, or one no rejection that
+        counts toward a ban holds against (peer ids sending garbage must not shrink every honest sampler's share
+        below a step, and a new honest sampler must get room for its first groups, or it never becomes known)."""
+        return self.reputation is None or self.reputation.vouched(peer) or not self.reputation.suspect(peer)
 
     def room(self, peer: str) -> int:
         """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
@@ -196,9 +202,7 @@ class RolloutIntake:
         (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
         now = time.monotonic()
         with self.lock:
-            # only known samplers (a group accepted) share the queue: records from fresh peer ids cut no share
-            if self.reputation is None or self.reputation.vouched(peer):
-                self.senders[peer] = now
+            self.senders[peer] = now  # a share of the queue while it sends, unless it sends garbage (``sharing``)
             for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
                 del self.senders[p]
         out = []

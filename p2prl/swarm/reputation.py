@@ -109,6 +109,13 @@ class Reputation:
         with self.lock:
             return peer in self.known
 
+    def suspect(self, peer: str) -> bool:
+        """Whether ``peer`` is banned, or was rejected for a reason that counts toward a ban within the ban window."""
+        now = self.clock()
+        with self.lock:
+            p = self.peers.get(peer)
+            return p is not None and (p.until > now or any(t >= now - self.cfg.ban_window_s for t in p.recent))
+
     def refuse(self, what: str) -> None:
         """Count something of a banned peer refused (``what``: e.g. ``rollout``)."""
         with self.lock:

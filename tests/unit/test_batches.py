@@ -102,7 +102,8 @@ def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
     cfg = load_config(None, ["train.groups_per_step=4", "flow.queue_steps=2", "flow.max_batch_groups=4",
                              *(f"{k}={v}" for k, v in overrides.items())])
     rejected = []
-    reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r), vouched=lambda p: True)
+    reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r), vouched=lambda p: True,
+                                 suspect=lambda p: False)
     ledger = SimpleNamespace(buffer=Buffer(waiting), counts=Counter())
     lrn = RolloutIntake(cfg.flow, cfg.train.groups_per_step, Limits(), ledger, verifier=None, spot=None,
                         reputation=reputation, version=lambda: 0, latest=lambda: None, learners=lambda: 1 + others)
@@ -142,6 +143,30 @@ def test_queue_shares_shrink_with_more_learners_and_grow_when_samplers_go_quiet(
         assert lrn.queue_bounds() == (4, 4)
     lrn.admit_batch([b"x"], "c")
     assert set(lrn.senders) == {"a", "c"}, "quiet samplers are forgotten"
+    lrn.admission.shutdown()
+
+
+def test_a_new_sampler_takes_a_share_of_the_queue_and_one_that_sends_garbage_does_not():
+    """A sampler nobody knows yet shares the queue as soon as it sends (else, behind a full queue, its first group is
+    never accepted and it never becomes known: a learner waiting for 3 samplers waited for ever); a peer id whose
+    record was rejected for a ban-worthy reason cuts no share (garbage from fresh ids once left an honest sampler
+    less than a step); a known sampler keeps its share whatever it sent since."""
+    from p2prl.swarm.reputation import Reputation
+
+    lrn = fake_learner([SimpleNamespace(sampler="first")] * 8)  # 4 groups a step, 8 waiting in all: full
+    lrn.reputation = Reputation(load_config(None, []).trust)
+    lrn.reputation.vouch("first")
+    with lrn.lock:
+        lrn.senders["first"] = time.monotonic()
+        assert lrn.queue_bounds() == (8, 8)
+    assert lrn.admit_batch([b"n1"], "new") == [("busy", "queue_full")]
+    with lrn.lock:
+        assert lrn.queue_bounds() == (4, 8)  # the new sampler has its share: "first" gets no more until it has room
+    lrn.reputation.reject("junk", "malformed")
+    lrn.admit_batch([b"j"], "junk")
+    lrn.reputation.reject("first", "malformed")
+    with lrn.lock:
+        assert lrn.queue_bounds() == (4, 8) and lrn.sharing("first") and not lrn.sharing("junk")
     lrn.admission.shutdown()
 
 
