@@ -115,8 +115,7 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
     runs = node.runs()
     version = latest[1].version if latest else None
     now = time.time()
-    configs = node.run_configs() if hasattr(node, "run_configs") else {}  # (a stand-in node may have none)
-    gaps = withheld_groups(peers, heartbeat_s, run_batch(configs, batch))
+    gaps = withheld_groups(peers, heartbeat_s, run_batch(node.run_configs(), batch))
     rows = [
         {
             "role": p.role, "peer_id": p.peer_id, "policy_version": p.policy_version,

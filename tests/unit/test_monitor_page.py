@@ -46,6 +46,9 @@ class Node:
     def runs(self):
         return {}
 
+    def run_configs(self):
+        return {}
+
     def shutdown(self):
         pass
 

@@ -135,7 +135,8 @@ def status_node(runs: dict):
         return [learner, sampler]
 
     return calls, SimpleNamespace(peers=peers, latest_policy=lambda: None, shutdown=lambda: None,
-                                  refresh_trust=lambda: None, runs=lambda: runs, run_records=lambda run_id: {})
+                                  refresh_trust=lambda: None, runs=lambda: runs, run_records=lambda run_id: {},
+                                  run_configs=lambda: {})
 
 
 def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):

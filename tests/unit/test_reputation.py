@@ -124,7 +124,8 @@ def test_status_shows_each_learners_bans(monkeypatch, capsys):
                          banned=2, banned_ids=["12D3KooWbadone", "12D3KooWbadtwo"])
     sampler = new_record("sampler", "test", "12D3KooWsampler", policy_version=3, throughput=1.0, queue_depth=0)
     node = SimpleNamespace(peers=lambda: [learner, sampler], latest_policy=lambda: None, shutdown=lambda: None,
-                           refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {})
+                           refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
+                           run_configs=lambda: {})
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0

@@ -234,7 +234,8 @@ def test_status_shows_a_sampler_that_withholds_groups(monkeypatch, capsys):
     peers[0] = peers[0].model_copy(update={"sessions": [*peers[0].sessions, (f"{honest}/h", 99, [100])]})
     peers.append(sampler_rec("h", peer=honest))
     node = SimpleNamespace(peers=lambda: peers, latest_policy=lambda: None, shutdown=lambda: None,
-                           refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {})
+                           refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
+                           run_configs=lambda: {})
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
     monkeypatch.setenv("COLUMNS", "200")
     cfg = load_config(None, ["net.run_id=test"])
