@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ipaddress
 import logging
@@ -196,6 +197,21 @@ def _owned_dht_class():
     return OwnedDHT
 
 
+_HELD: set = set()  # in a DHT's process: the tasks of coroutines run through ``held``, until they end
+
+
+async def held(coro_fn, dht, node):
+    """``coro_fn(dht, node)`` for ``hivemind.DHT.run_coroutine``, as ``functools.partial(held, coro_fn)``: hivemind
+    keeps no reference to the task it runs a coroutine in, so one still waiting could be garbage-collected (its
+    "Task was destroyed but it is pending" and GeneratorExit traceback landed in peers' logs); this holds it."""
+    task = asyncio.current_task()
+    _HELD.add(task)
+    try:
+        return await coro_fn(dht, node)
+    finally:
+        _HELD.discard(task)
+
+
 def start_dht(initial_peers: list[str], timeout_s: float, **kw):
     """Start a DHT node; an unreachable bootstrap raises ``BootstrapError`` saying, for each initial peer, what
     dialling it gave (``reach.diagnose``: refused, another peer id, no answer); an unparsable multiaddr or peer id
@@ -228,7 +244,7 @@ def start_dht(initial_peers: list[str], timeout_s: float, **kw):
         raise BootstrapError(f"could not start the DHT node: {type(e).__name__}: {e}") from None
     if not kw.get("client_mode"):
         try:
-            dht.run_coroutine(reach.serve_checks)
+            dht.run_coroutine(functools.partial(held, reach.serve_checks))
         except Exception as e:  # the check is a courtesy to other peers: never a reason not to start
             log.debug("not serving reachability checks: %s: %s", type(e).__name__, e)
     return dht
