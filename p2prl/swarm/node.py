@@ -264,7 +264,7 @@ class SwarmNode(Records):
 
     def _start_transport(self) -> HivemindTransport:
         """Start a DHT with ``dht_args`` and this node's identity; its records go under our owned subkey."""
-        peer_id, subkey = owned.owned_subkey(self._identity)
+        _, subkey = owned.owned_subkey(self._identity)
         with owned.identity_file(self._identity) as path:  # the daemon reads it at its start, which this waits for
             dht = start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, identity_path=path,
                             fresh_identity=not self.cfg.identity_path, **self.dht_args)
