@@ -398,12 +398,17 @@ class TrustConfig(_Section):
     unseen."""
     sampling_p: float = Field(1e-6, ge=0.0, lt=1.0)
     """Learners: a spot-checked group is rejected (reason not_sampled) when its tokens are unlike a draw from the
-    distribution the run samples from (sampling.temperature, top_k, top_p) under the group's version: each token's
-    surprise, clamp(log pi(x_t) + H_t, -4, 4) centred on its mean under pi, summed over the group, is bounded by
-    Freedman's inequality for honest sampling, and a group whose bound falls under this is rejected (so at most this
-    share of honest groups is, whatever the model); greedy or cherry-picked text sits high, text from another model or
-    a hand-written payload low (docs/results.md, section sampling_check). A token outside the top-k / top-p support is
-    not sampled either. 0 = off."""
+    distribution the run samples from (sampling.temperature, top_k, top_p) under the group's version. Two statistics
+    per token, each centred on its mean under pi: the surprise clamp(log pi(x_t) + H_t, -4, 4), and whether x_t is
+    pi's most likely token; summed over the group, and over the sampler's last trust.sampling_window checked groups,
+    each sum is bounded by Freedman's inequality for honest sampling, and a group where one bound falls under this is
+    rejected (so about this share of honest tests fails, whatever the model); greedy text sits high on both,
+    cherry-picked text, text from another model or a hand-written payload low (docs/results.md, section
+    sampling_check). A token outside the top-k / top-p support is not sampled either. 0 = off."""
+    sampling_window: int = Field(32, ge=0, le=4096)
+    """Learners: the sampling tests also run over each sampler's last this many spot-checked groups together (0 = per
+    group only): a confident model's greedy text is only a little unlike sampling in one group, and plainly so in 32
+    (docs/results.md, section sampling_check). A window that fails is emptied."""
     spot_check_versions: int = Field(0, ge=0, le=65_536)
     """Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the staleness window
     (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With LoRA only adapters are

@@ -20,10 +20,12 @@ samplers differ from the learner only by the inference engine (kernels, dtype), 
 
 True log-probs of text that was not sampled (hand-written, from another model, greedy or cherry-picked) pass that
 check, so the same forward pass also tests the tokens themselves under the distribution the run samples from
-(temperature, top-k, top-p): the group's sampling test (``algo.mismatch.sampling_test``, a bound on how often honest
-sampling strays that far) must stay above ``trust.sampling_p``, and no token may lie outside the top-k / top-p
-support (``not_sampled``; ``benchmarks/sampling_check.py`` measures both sides in docs/results.md). The first
-``trust.spot_check_first`` groups of every sampler are checked whatever the fraction picks.
+(temperature, top-k, top-p): two statistics (each token's surprise, and whether it is the most likely token), each
+summed over the group and over the sampler's last ``trust.sampling_window`` checked groups (``SamplingWindows``), and
+every bound on how often honest sampling strays that far (``algo.mismatch.freedman_test``, ``mode_test``) must stay
+above ``trust.sampling_p``; no token may lie outside the top-k / top-p support (``not_sampled``;
+``benchmarks/sampling_check.py`` measures both sides in docs/results.md). The first ``trust.spot_check_first``
+groups of every sampler are checked whatever the fraction picks.
 """
 
 from __future__ import annotations
@@ -34,14 +36,14 @@ import logging
 import math
 import secrets
 import threading
-from collections import Counter, OrderedDict
+from collections import Counter, OrderedDict, deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from p2prl.config import Config
-from p2prl.algo.mismatch import sampling_test
+from p2prl.algo.mismatch import freedman_test, mode_sums, mode_test, sampling_sums
 from p2prl.policy.model import SAMPLING_CLIP, left_pad, sampling_stats
 from p2prl.policy.weights import load_weights
 from p2prl.rollout.record import RecordError, RolloutGroup
@@ -110,6 +112,39 @@ def scratch_copy(model: torch.nn.Module) -> torch.nn.Module:
     return scratch.eval()
 
 
+TESTS = {"surprise": lambda sums: freedman_test(*sums, 2 * SAMPLING_CLIP), "mode": mode_test}
+"""The sampling tests: each maps a group's (or a window's) sums to (z, p)."""
+
+
+class SamplingWindows:
+    """Each sampler's sampling tests over its last ``window`` checked groups, beside each group's own.
+
+    ``test`` takes a group's sums, {test: (S, ...)} (``algo.mismatch.sampling_sums``, ``mode_sums``), and returns the
+    weakest of its tests, (name, z, p): every test on the group alone, and on the sums of the sampler's window (this
+    group and the ones before it). A window keeps its groups when a test fails: evidence that keeps growing, as greedy
+    text's does group after group, goes on to a bound that bans. Not thread-safe (the spot checker's lock guards it).
+    """
+
+    def __init__(self, window: int, *, samplers: int = MAX_SAMPLERS):
+        self.window, self.samplers = window, samplers
+        self._sums: OrderedDict[str, deque] = OrderedDict()
+
+    def test(self, sampler: str, sums: dict[str, tuple[float, ...]]) -> tuple[str, float, float]:
+        worst = min(((name, *test(sums[name])) for name, test in TESTS.items()), key=lambda t: t[2])
+        if self.window < 2:
+            return worst
+        held = self._sums.pop(sampler, None) or deque(maxlen=self.window)
+        held.append(sums)
+        self._sums[sampler] = held  # most recent last
+        if len(self._sums) > self.samplers:
+            self._sums.popitem(last=False)
+        for name, test in TESTS.items():
+            z, p = test(tuple(map(sum, zip(*(g[name] for g in held)))))
+            if p < worst[2]:
+                worst = (f"{name}, last {len(held)} groups", z, p)
+        return worst
+
+
 class SpotChecker:
     """Picks groups to check and checks them (on the learner's admission thread only).
 
@@ -129,12 +164,13 @@ class SpotChecker:
         self.model = scratch_copy(model) if self.fraction > 0 else None
         self.loaded: tuple[int, str] | None = None  # (version, sha256) in the scratch model
         self._versions: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
-        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, seen, max_passed, max_z_passed
+        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, seen, max_*, windows
         self.counts: Counter[str] = Counter()
         self.failed_by_sampler: Counter[str] = Counter()
         self.seen: OrderedDict[str, int] = OrderedDict()  # sampler -> groups offered for a check (``first``)
         self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
-        self.max_z_passed = 0.0  # largest |z| of a group that passed the sampling test
+        self.max_z_passed = 0.0  # largest |z| of a group that passed the sampling tests
+        self.windows = SamplingWindows(t.sampling_window)
         eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
         if self.fraction > 0 and self.tolerance >= math.log1p(eps):
             log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery "
@@ -173,9 +209,11 @@ class SpotChecker:
             with self._lock:
                 self.counts[SKIPPED] += 1
             return SKIPPED
-        deviations, (z, p) = self.recompute(g, kept)
+        deviations, sums = self.recompute(g, kept)
         deviation = float(deviations.max())
+        outside = math.isinf(sums["surprise"][0])
         with self._lock:
+            test, z, p = ("surprise", -math.inf, 0.0) if outside else self.windows.test(g.sampler, sums)
             if deviation <= self.tolerance and p >= self.p_limit:
                 self.counts[PASSED] += 1
                 self.max_passed = max(self.max_passed, deviation)
@@ -190,16 +228,17 @@ class SpotChecker:
             raise RecordError("logprob_mismatch", f"mean |logq - logp| {deviation:.3g} > tolerance "
                                                   f"{self.tolerance:.3g} at v{g.policy_version}",
                               certain=deviation > 2 * self.tolerance)
-        if math.isinf(z):  # counted, not banned at once: another engine's top-k / top-p may cut a little elsewhere
+        if outside:  # counted, not banned at once: another engine's top-k / top-p may cut a little elsewhere
             raise RecordError("not_sampled", f"a token outside the top-k / top-p support at v{g.policy_version}")
         # a bound a thousand times under the limit: no honest sampler gets there in the life of a run
-        raise RecordError("not_sampled", f"the group's tokens are unlike sampling at v{g.policy_version} (z {z:.3g}, "
+        raise RecordError("not_sampled", f"the tokens are unlike sampling at v{g.policy_version} ({test}: z {z:.3g}, "
                                          f"p <= {p:.2g} < {self.p_limit:g})", certain=p < self.p_limit / 1000)
 
     @torch.no_grad()
-    def recompute(self, g: RolloutGroup, kept: tuple[str, bytes]) -> tuple[np.ndarray, tuple[float, float]]:
+    def recompute(self, g: RolloutGroup, kept: tuple[str, bytes]) -> tuple[np.ndarray, dict[str, tuple]]:
         """Against the recompute with ``kept`` = (sha256, weights): the log-prob deviation of each completion of ``g``
-        (``sequence_deviation``, (G,)) and the group's sampling test, (z, p) (``algo.mismatch.sampling_test``)."""
+        (``sequence_deviation``, (G,)) and the group's sums for each sampling test, {test: (S, V, ...)}
+        (``algo.mismatch.sampling_sums``, S = -inf for a token outside the support; ``mode_sums``)."""
         if self.loaded != (g.policy_version, kept[0]):
             self.loaded = None
             load_weights(self.model, kept[1])
@@ -212,8 +251,9 @@ class SpotChecker:
         comp = torch.where(on, comp, self.pad_id)  # past a completion's end the sampler's padding is not looked at
         stats = {k: v.float().cpu() for k, v in sampling_stats(self.model, ids.to(device), mask.to(device),
                                                                comp.to(device), *self.sampling).items()}
-        test = sampling_test(stats["term"], stats["variance"], on, 2 * SAMPLING_CLIP)
-        return sequence_deviation(g.logq, stats["logp"].numpy(), g.lengths), test
+        sums = {"surprise": sampling_sums(stats["term"], stats["variance"], on),
+                "mode": mode_sums(stats["mode"], stats["top"], on)}
+        return sequence_deviation(g.logq, stats["logp"].numpy(), g.lengths), sums
 
     def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:
         """Per completion of ``g``, the log-prob deviation against the recompute with ``kept`` = (sha256, weights)."""

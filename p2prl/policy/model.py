@@ -285,11 +285,14 @@ def sampling_stats(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask
     truncated, renormalised distribution the token was drawn from, H its entropy and f(x) = clamp(log pi(x) + H,
     -clip, clip) (how much likelier than typical x is): ``term`` = f(x_t) - E_pi[f] (-inf for a token outside pi's
     support, ``SUPPORT_SLACK`` allowed) and ``variance`` = Var_pi[f]. Drawn honestly, ``term`` has mean 0 and that
-    variance given the prefix, and lies in [-2 clip, 2 clip]. Arguments as ``sequence_logprobs``."""
+    variance given the prefix, and lies in [-2 clip, 2 clip]. ``top`` = max pi, and ``mode`` = [x_t is pi's most
+    likely token] - ``top``: drawn honestly, a Bernoulli(``top``) centred on its mean given the prefix; greedy text
+    makes it positive at every token, which a confident model's surprise hardly shows. Arguments as
+    ``sequence_logprobs``."""
     flat, head, rows = _completion_states(model, prompt_ids, prompt_mask, completion_ids, chunk_elements)
     B, T = completion_ids.shape
     tokens = completion_ids.reshape(B * T)
-    out: dict[str, list[torch.Tensor]] = {"logp": [], "term": [], "variance": []}
+    out: dict[str, list[torch.Tensor]] = {"logp": [], "term": [], "variance": [], "mode": [], "top": []}
     for i in range(0, B * T, rows):
         logits = head(flat[i : i + rows]) if head is not None else flat[i : i + rows]
         logp = torch.log_softmax(logits.float() / temperature, dim=1)  # (n, V)
@@ -306,6 +309,9 @@ def sampling_stats(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask
         out["logp"].append(chosen)
         out["term"].append(torch.where(chosen >= floor, f_chosen - mean, -torch.inf))
         out["variance"].append(((pi * f**2).sum(1) - mean**2).clamp(min=0.0))
+        top, mode = pi.max(1)
+        out["mode"].append((tokens[i : i + rows] == mode).float() - top)
+        out["top"].append(top)
     return {k: torch.cat(v).view(B, T) for k, v in out.items()}
 
 

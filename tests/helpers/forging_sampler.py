@@ -5,9 +5,10 @@ N_HONEST as generated.
 
 With ``inject`` first, the N_FORGED groups are a completion injection instead: every completion replaced by a
 hand-written text ending in the right answer (its reward is 1), sent with that text's true log-probs under the
-version (the log-prob check passes; only the sampling test can catch it).
+version (the log-prob check passes; only the sampling test can catch it). With ``greedy`` first, they are greedy
+text sent as sampled: generated with top-k 1 at the run's temperature, whose recorded log-probs are the true ones.
 
-Usage: python tests/helpers/forging_sampler.py [inject] MADDR N_FORGED N_HONEST [section.key=value ...]
+Usage: python tests/helpers/forging_sampler.py [inject|greedy] MADDR N_FORGED N_HONEST [section.key=value ...]
 Prints {"forged": {group id: [status, reason]}, "honest": {...}} as JSON (["refused", why] once banned).
 """
 
@@ -25,8 +26,8 @@ from p2prl.sampler.loop import Sampler
 from p2prl.swarm.node import Refused, SwarmNode, wait_until
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 
-inject = sys.argv[1] == "inject"
-args = sys.argv[2:] if inject else sys.argv[1:]
+mode = sys.argv[1] if sys.argv[1] in ("inject", "greedy") else "shift"
+args = sys.argv[2:] if mode != "shift" else sys.argv[1:]
 maddr, n_forged, n_honest = args[0], int(args[1]), int(args[2])
 cfg = load_config(None, ["net.loopback=true", f"net.initial_peers=[{maddr!r}]", *args[3:]])
 PAYLOAD = "I worked it out step by step and checked every number twice. The answer is \\boxed{{{answer}}}."
@@ -57,10 +58,16 @@ try:
     sampler = Sampler(cfg, node)
     learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
     wait_until(lambda: (sampler.maybe_sync(), sampler.core.weights_sha256)[1], "a policy version", log, stop)
-    groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged + n_honest))
+    if mode == "greedy":
+        top_k, sampler.core.cfg.sampling.top_k = sampler.core.cfg.sampling.top_k, 1
+        groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged))
+        sampler.core.cfg.sampling.top_k = top_k
+        groups += sampler.core.rollout(sampler.core.own_prompt_ids(n_honest)) if n_honest else []
+    else:
+        groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged + n_honest))
     shift = math.log1p(cfg.algo.eps)
-    for g in groups[:n_forged]:
-        if inject:
+    for g in groups[:n_forged if mode != "greedy" else 0]:
+        if mode == "inject":
             injected(g, sampler.core.policy, sampler.core.task)
             continue
         on = np.arange(g.tokens.shape[1])[None] < g.lengths[:, None]

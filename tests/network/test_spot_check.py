@@ -107,3 +107,30 @@ def test_an_injected_completion_with_true_log_probs_is_caught_at_once_by_the_sam
     assert summary["trust"]["trust/bans"] == 1 and summary["admission"]["rejected/not_sampled"] == 1, summary
     trained = {gid for l in read_jsonl(out / "train_log.jsonl") for gid, _, _ in l["groups"]}
     assert not trained & (set(replies["forged"]) | set(replies["honest"]))
+
+
+@pytest.mark.slow
+def test_greedy_text_sent_as_sampled_is_caught_by_the_window_of_groups_and_banned(peers, tmp_path):
+    """Greedy text sent as sampled, with its true log-probs at the run's temperature: each group alone passes the
+    sampling tests (the built-in model is confident), but the learner's window of the sampler's checked groups
+    (trust.sampling_window) rejects one within 16 groups and, as the evidence grows, bans the sampler at once; every
+    later record is refused. The learner checks every group here (the default checks its first 4, then 10%) and
+    steps only on 64 groups, so no reply is `busy` whatever the machine's pace."""
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    overrides = ["sampling.group_size=8", "train.groups_per_step=64", "trust.spot_check_fraction=1"]
+    peers.join("learner", "learner", maddr, *overrides, out=out)
+    wait_for(lambda: read_jsonl(out / "train_log.jsonl"), 120, "the learner to publish v0")
+    r = subprocess.run([sys.executable, "tests/helpers/forging_sampler.py", "greedy", maddr, "40", "0", *FAST,
+                        *overrides], capture_output=True, text=True, timeout=300, cwd=ROOT, start_new_session=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    replies = list(json.loads(r.stdout.strip().splitlines()[-1])["forged"].values())
+    assert replies[0] == ["accepted", ""], replies  # one greedy group alone looks sampled
+    first = next(i for i, x in enumerate(replies) if x != ["accepted", ""])
+    ban = next(i for i, x in enumerate(replies) if x[0] == "refused" or x == ["rejected", "banned"])
+    assert first < 16 and replies[first:ban] == [["rejected", "not_sampled"]] * (ban - first), replies
+    assert all(x[0] == "refused" or x == ["rejected", "banned"] for x in replies[ban:]), replies
+    assert peers.stop("learner") == 0
+    summary = last_json(peers.log("learner"))
+    assert summary["trust"]["trust/bans"] == 1, summary
+    assert summary["admission"]["rejected/not_sampled"] == ban - first, summary

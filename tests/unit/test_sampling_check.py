@@ -1,5 +1,6 @@
-"""The sampling test of spot checks: ``algo.mismatch.sampling_test`` on known distributions, ``policy.sampling_stats``'
-truncation, and the spot checker's ``not_sampled`` rejection (docs/results.md, section sampling_check, measures it)."""
+"""The sampling tests of spot checks: ``algo.mismatch.sampling_test`` on known distributions, ``policy.sampling_stats``'
+truncation and mode statistic, each sampler's window of groups, and the spot checker's ``not_sampled`` rejection
+(docs/results.md, section sampling_check, measures them)."""
 
 import copy
 
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from p2prl.algo.mismatch import sampling_test
+from p2prl.algo.mismatch import MODE_LAMBDAS, mode_sums, mode_test, sampling_test
 from p2prl.config import load_config
-from p2prl.learner.spotcheck import PASSED, SpotChecker
+from p2prl.learner.spotcheck import PASSED, SamplingWindows, SpotChecker
 from p2prl.policy import load_policy, sequence_logprobs
 from p2prl.policy.model import SUPPORT_SLACK, left_pad, truncation
 from p2prl.policy.weights import serialize_weights
@@ -109,3 +110,53 @@ def test_honest_top_k_groups_pass_and_a_token_outside_the_top_k_is_not_sampled(h
         checker.check(g)
     # counted toward a ban, not one at once: another engine's truncation may differ at the cut-off
     assert e.value.reason == "not_sampled" and not e.value.certain and checker.counts["not_sampled"] == 1
+
+
+def test_a_window_of_groups_catches_what_each_group_alone_hides_and_bans_once_the_evidence_grows():
+    honest = [{"surprise": (s, 9.0), "mode": (-s / 3, 1.5, *(0.1 * lam for lam in MODE_LAMBDAS))}
+              for s in (1.0, -2.0, 0.5, 2.5, -1.5, -0.5) * 10]
+    windows = SamplingWindows(32)
+    assert all(windows.test("a", x)[2] > 0.01 for x in honest)
+    # a confident model's greedy group: 1.4 tokens of its 8 completions expected off the mode, none there
+    top = torch.full((8, 64), 1 - 1.4 / 512)
+    greedy = {"surprise": (1.5, 2.5), "mode": mode_sums(1 - top, top, torch.ones(8, 64, dtype=torch.bool))}
+    alone = SamplingWindows(0)
+    assert all(alone.test("b", greedy)[2] > 0.1 for _ in range(64))  # per group only: never caught
+    verdicts = [windows.test("b", greedy)[1:] for _ in range(32)]
+    first = next(i for i, (_, p) in enumerate(verdicts) if p < 1e-6)
+    assert 6 < first < 16 and verdicts[first][0] > 3  # z about 4: 1 group alone is about 1
+    assert verdicts[-1][1] < 1e-12  # the window keeps its groups: the evidence grows on to a ban
+    assert windows.test("a", honest[0])[2] > 0.01  # another sampler's window is its own
+
+
+def test_the_mode_test_holds_its_bound_on_honest_draws_and_catches_greedy_text():
+    gen = torch.Generator().manual_seed(1)
+    logits = torch.randn(40, 12, generator=gen) * 2.0
+    logits[::3, 0] = 6.0
+    pi = torch.softmax(logits, -1)
+    top, mode = pi.max(-1)
+    mask = torch.ones(8, 40, dtype=torch.bool)
+    ps = []
+    for _ in range(300):
+        tokens = torch.multinomial(pi, 8, replacement=True, generator=gen).T  # (8, 40)
+        ps.append(mode_test(mode_sums((tokens == mode).float() - top, top.expand(8, -1), mask))[1])
+    assert np.mean(np.array(ps) < 0.05) <= 0.05  # a valid bound: rejects at most its level
+    z, p = mode_test(mode_sums(1 - top.expand(8, -1), top.expand(8, -1), mask))  # every token the mode
+    assert z > 8 and p < 1e-9
+
+
+def test_greedy_groups_with_true_log_probs_are_rejected_within_a_window_then_banned(honest_groups):
+    checker, kept, groups = honest_groups
+    cfg = load_config(None, ["sampling.group_size=8", "sampling.top_k=1"])
+    greedy = SamplerCore(load_policy("builtin", cfg.model), AdditionTask(), cfg, "run", "greedy")
+    greedy.load(kept[1], 0, kept[0])
+    verdicts = []
+    for g in greedy.rollout(list(range(32))):
+        assert checker.recompute(g, kept)[1]["mode"][0] > 0  # every token the most likely one
+        try:
+            verdicts.append(checker.check(g))
+        except RecordError as e:
+            assert e.reason == "not_sampled" and "mode, last" in str(e), e
+            verdicts.append("certain" if e.certain else "rejected")
+    assert verdicts[0] == PASSED and "rejected" in verdicts[:16], verdicts  # alone each group passes; the window not
+    assert "certain" in verdicts, verdicts  # and the evidence grows on to a ban at once
