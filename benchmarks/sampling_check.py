@@ -8,7 +8,7 @@ The shipped math base (``builtin:math``) on the built-in word problems, G = 8 co
 temperature 1 (configs/math.toml). The learner's ``SpotChecker`` (float32) recomputes every completion under the same
 weights and sums its two sampling statistics (each token's centred surprise, and whether it is the most likely
 token); ``SamplingWindows`` tests them as a learner does, on each group alone and on the sampler's last
-``trust.sampling_window`` checked groups (Freedman's bound p on how often honest sampling strays that far), the groups
+``trust.sampling_window`` checked groups (p: a bound on how often honest sampling strays that far), the groups
 of one row in order, as one sampler's checked groups. Honest rows: transformers' generate in float32 and in
 bfloat16, and vLLM's CPU backend when it is installed, ``--honest-groups`` groups each (1,000 completions by default):
 the false rejections at the default limit. Attack rows, whose log-probs are recomputed honestly (so the log-prob
@@ -166,11 +166,13 @@ def main() -> None:
         f"tokens, temperature 1, no top-k / top-p. Two statistics per token, each centred on its mean under honest "
         "sampling: its surprise (log-prob plus entropy, clamped to 4 nats) and whether it is the most likely token "
         "(the mode). Summed over a group's 8 completions, z = S / sqrt(V) with V the sum's variance under honest "
-        "sampling, and p Freedman's bound on the chance that honest sampling gives |S| that large. A learner tests "
-        f"both on each checked group alone and on the sampler's last {window} checked groups (`trust.sampling_window`; "
-        f"a window that fails is emptied) and rejects the group when one p < {limit:g} (`trust.sampling_p`, the "
-        "default); each row's groups are one sampler's, checked in order. Attack completions carry the version's true "
-        f"log-probs, so only these tests can catch them. {time.perf_counter() - started:.0f} s on the CPU "
+        "sampling, and p a bound on the chance that honest sampling gives a sum that far out: Freedman's inequality "
+        "for the surprise (two-sided), fixed-exponent martingale bounds for the mode (one-sided: too many tokens on "
+        f"the mode). A learner tests both on each checked group alone and on the sampler's last {window} checked "
+        "groups (`trust.sampling_window`; the window keeps its groups after a failure) and rejects the group when one "
+        f"p < {limit:g} (`trust.sampling_p`, the default); each row's groups are one sampler's, checked in order. "
+        "Attack completions carry the version's true log-probs, so only these tests can catch them. "
+        f"{time.perf_counter() - started:.0f} s on the CPU "
         f"({torch.get_num_threads()} torch threads; load average at the start {load:.1f}, the machine is shared).",
         "",
         "| sampler | groups | rejected alone | rejected with the window | first rejected | first ban "

@@ -408,7 +408,8 @@ class TrustConfig(_Section):
     sampling_window: int = Field(32, ge=0, le=4096)
     """Learners: the sampling tests also run over each sampler's last this many spot-checked groups together (0 = per
     group only): a confident model's greedy text is only a little unlike sampling in one group, and plainly so in 32
-    (docs/results.md, section sampling_check). A window that fails is emptied."""
+    (docs/results.md, section sampling_check). A window keeps its groups after a failure: evidence that keeps
+    growing goes on to a bound that bans."""
     spot_check_versions: int = Field(0, ge=0, le=65_536)
     """Learners: serialized weights of this many recent versions are kept for spot checks; 0 = the staleness window
     (max_staleness + 1 versions; 2 x max_staleness + 1 under staleness.rule = 'authors'). With LoRA only adapters are

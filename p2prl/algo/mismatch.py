@@ -34,9 +34,9 @@ def sampling_test(term: Tensor, variance: Tensor, mask: Tensor, bound: float) ->
     """Whether a group's tokens look drawn from the distribution they claim: (z, p) over every token of every
     completion, from the learner's recompute (``policy.sampling_stats``).
 
-    term, variance: (B, T), each token's centred, clipped statistic (its surprise, or whether it is the mode) and its
-    variance given the prefix; mask: (B, T) bool, True on completion tokens; bound: the largest |term|. A token
-    outside the support gives (-inf, 0); otherwise ``freedman_test`` of the sums.
+    term, variance: (B, T), each token's centred, clipped surprise f(x_t) - E[f] and its variance given the prefix;
+    mask: (B, T) bool, True on completion tokens; bound: the largest |term| (2 x the clip). A token outside the
+    support gives (-inf, 0); otherwise ``freedman_test`` of the sums.
     """
     s, v = sampling_sums(term, variance, mask)
     return (-math.inf, 0.0) if math.isinf(s) else freedman_test(s, v, bound)
