@@ -192,6 +192,7 @@ def _owned_dht_class():
 
         def run(self) -> None:  # in the DHT's own process
             exit_with_parent(self._owner)
+            owned.sortable_subkeys()
             super().run()
 
     return OwnedDHT

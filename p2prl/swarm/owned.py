@@ -8,7 +8,11 @@ verify: a stranger can neither overwrite a peer's records nor pin an old one of 
 expiration. A reader keeps a subkey only when its key is the peer id's own libp2p key (``owner_of``), so a record
 under a subkey with another key, or with none, is nobody's, and DHT nodes refuse text subkeys nobody owns
 (``RecordRules``). ``RecordRules`` also refuses any record that expires more than ``MAX_TTL_S`` from now, on store
-and when found, so junk under a stranger's own subkeys is gone within that bound too. Peers need their libp2p
+and when found, so junk under a stranger's own subkeys is gone within that bound too; a value without a subkey (one
+replaces every subkey of its key: no p2prl record and no hivemind averager record is one), a subkey other than text
+or bytes, and a value that is not msgpack (hivemind's readers fail on the whole key) are refused too. hivemind's
+storage orders a key's subkeys by (expiration, subkey), which fails for a text and a bytes subkey expiring at the
+same instant; every p2prl DHT process orders them by type first (``sortable_subkeys``). Peers need their libp2p
 identity's RSA key in Python for this: a peer started without ``net.identity_path`` gets a fresh one
 (``new_identity``), as its daemon would otherwise have made for itself.
 """
@@ -129,20 +133,39 @@ def _record_rules() -> type:
     from hivemind.utils import MSGPackSerializer, get_dht_time
 
     class RecordRules(RecordValidatorBase):
-        """Refuses a record that expires more than ``MAX_TTL_S`` from now, and one under a text subkey (every p2prl
-        record's; hivemind's averager uses bytes) that no peer owns. ``RSASignatureValidator`` checks that an owned
-        subkey's value is signed by its owner."""
+        """Refuses a record that expires more than ``MAX_TTL_S`` from now; one without a subkey, or under a subkey
+        that is neither text (every p2prl record's, which a peer must own) nor bytes (hivemind's averager's); and one
+        whose value is not msgpack (called after ``RSASignatureValidator`` has checked and stripped a signature).
+        ``RSASignatureValidator`` checks that an owned subkey's value is signed by its owner."""
 
         def validate(self, record) -> bool:
             if record.expiration_time > get_dht_time() + MAX_TTL_S:
                 return False
             try:
                 subkey = MSGPackSerializer.loads(record.subkey) if record.subkey else None
-            except Exception:  # not msgpack: not a subkey hivemind would send
+                MSGPackSerializer.loads(record.value)
+            except Exception:  # not msgpack: not what hivemind would send, and what its readers fail on
                 return False
-            return not isinstance(subkey, str) or owner_of(subkey) is not None
+            if isinstance(subkey, str):
+                return owner_of(subkey) is not None
+            return isinstance(subkey, bytes)
 
         def merge_with(self, other) -> bool:
             return type(other) is type(self)
 
     return RecordRules
+
+
+def sortable_subkeys() -> None:
+    """Make hivemind's storage order a key's subkeys by type first (in this process): its expiration heap compares
+    (expiration, subkey) pairs, and a text subkey and a bytes subkey that expire at the same instant do not compare
+    (TypeError), which a stranger can cause on purpose (a bytes subkey expiring exactly when a peer's record does)
+    and which then fails every store and look-up of that key on the node. Same-type subkeys keep hivemind's order."""
+    from hivemind.utils import timed_storage
+
+    def less(a, b) -> bool:
+        if a.expiration_time != b.expiration_time or type(a.key) is type(b.key):
+            return (a.expiration_time, a.key) < (b.expiration_time, b.key)
+        return type(a.key).__name__ < type(b.key).__name__
+
+    timed_storage.HeapEntry.__lt__ = less

@@ -74,10 +74,35 @@ def test_expirations_beyond_the_bound_and_text_subkeys_nobody_owns_are_refused(i
     assert not rules.validate(record(subkey, b"v", expires_in=owned.MAX_TTL_S + 60))
     assert not rules.validate(record(subkey, b"v", expires_in=365 * 86400))
     assert not rules.validate(record(peer, b"v"))  # a text subkey nobody owns: no p2prl record is stored so
-    # hivemind's own records: its averager's bytes subkeys, and plain values (no subkey)
+    # hivemind's averager's records: bytes subkeys
     assert rules.validate(dataclasses.replace(record("x", b"v"), subkey=MSGPackSerializer.dumps(b"\x00\x24peer")))
-    assert rules.validate(dataclasses.replace(record("x", b"v"), subkey=MSGPackSerializer.dumps(None)))
     assert not rules.validate(dataclasses.replace(record("x", b"v"), subkey=b"\xc1"))  # not msgpack
+
+
+def test_values_without_a_subkey_other_subkeys_and_values_that_are_not_msgpack_are_refused(ids):
+    paths, (mine, _) = ids
+    _, rules = owned.validators(paths[0])
+    _, subkey = owned.owned_subkey(mine)
+    assert rules.validate(record(subkey, MSGPackSerializer.dumps(b"a peer record")))
+    # a plain value replaces every subkey of its key: nobody's record is one, so nobody may store one
+    assert not rules.validate(dataclasses.replace(record("x", b"v"), subkey=MSGPackSerializer.dumps(None)))
+    for other in (7, 1.5, [1, 2], True):
+        assert not rules.validate(dataclasses.replace(record("x", b"v"), subkey=MSGPackSerializer.dumps(other)))
+    for junk in (b"\xc1", b"\x92\x01", MSGPackSerializer.dumps(b"x") + b"tail", b""):  # hivemind's readers fail on these
+        assert not rules.validate(record(subkey, junk))
+
+
+def test_a_text_and_a_bytes_subkey_expiring_at_the_same_instant_are_stored_and_read():
+    from hivemind.dht.storage import DictionaryDHTValue
+
+    owned.sortable_subkeys()
+    t = get_dht_time() + 60
+    d = DictionaryDHTValue()
+    for subkey in ("peer[owner:...]", b"\x12\x20peer", "another", b"\x12\x20other"):
+        assert d.store(subkey, MSGPackSerializer.dumps(b"v"), t)
+    assert d.store("later", MSGPackSerializer.dumps(b"v"), t + 1)
+    assert len(d) == 5 and d.get("peer[owner:...]") is not None and d.get(b"\x12\x20peer") is not None
+    assert d.top()[0] in {"another", "peer[owner:...]", b"\x12\x20peer", b"\x12\x20other"}
 
 
 def test_the_longest_heartbeat_stays_within_the_bound():
