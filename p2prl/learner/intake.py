@@ -181,10 +181,13 @@ class RolloutIntake:
     def queue_bounds(self) -> tuple[int, int]:
         """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
         and the samplers that sent records in the last ``ACTIVE_SENDER_S`` (call under ``self.lock``)."""
-        share = math.ceil(self.groups_per_step / self.learners())
         since = time.monotonic() - ACTIVE_SENDER_S
-        return queue_bounds(share, self.flow.queue_steps, self.flow.max_learner_queue,
+        return queue_bounds(self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue,
                             sum(t >= since and self.sharing(p) for p, t in self.senders.items()))
+
+    def step_share(self) -> int:
+        """Groups this learner takes a step: its share of ``train.groups_per_step``."""
+        return math.ceil(self.groups_per_step / self.learners())
 
     def sharing(self, peer: str) -> bool:
         """Whether ``peer`` takes a share of the queue as an active sender: a known sampler, or one no rejection that
@@ -195,7 +198,8 @@ class RolloutIntake:
     def room(self, peer: str) -> int:
         """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
         waiting = self.buffer.pending + self.buffer.first
-        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds())
+        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds(),
+                          batch=self.step_share())
 
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached

@@ -90,9 +90,11 @@ def queue_bounds(share: int, queue_steps: float, max_queue: int, active_samplers
     return max(1, math.ceil(total / max(1, active_samplers))), total
 
 
-def queue_room(waiting_of_sampler: int, waiting: int, per_sampler: int, total: int) -> int:
-    """Groups a learner still takes from one sampler: the lesser of that sampler's and the overall free space."""
-    return max(0, min(per_sampler - waiting_of_sampler, total - waiting))
+def queue_room(waiting_of_sampler: int, waiting: int, per_sampler: int, total: int, batch: int = 0) -> int:
+    """Groups a learner still takes from one sampler: the lesser of that sampler's and the overall free space, and
+    always what the learner lacks for its next ``batch`` (samplers that left still hold shares until they are no
+    longer active: the ones there must be able to fill a step, or the learner and they wait for each other)."""
+    return max(0, min(per_sampler - waiting_of_sampler, total - waiting), batch - waiting)
 
 
 def send_window(rtt_s: float, rate: float, floor: int, max_groups: int, free: int) -> int:

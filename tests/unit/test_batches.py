@@ -73,6 +73,9 @@ def test_queue_room_is_the_lesser_of_the_sampler_and_overall_space():
     assert queue_room(3, 9, per_sampler=4, total=10) == 1
     assert queue_room(4, 5, per_sampler=4, total=10) == 0  # this sampler has its share
     assert queue_room(0, 12, per_sampler=4, total=10) == 0  # full (retrained groups can overfill it)
+    # whatever its share, a sampler may fill what the learner lacks for its next step
+    assert queue_room(3, 3, per_sampler=3, total=8, batch=4) == 1
+    assert queue_room(3, 4, per_sampler=3, total=8, batch=4) == 0
 
 
 def test_send_window_covers_a_round_trip_within_the_bounds():
@@ -143,6 +146,18 @@ def test_queue_shares_shrink_with_more_learners_and_grow_when_samplers_go_quiet(
         assert lrn.queue_bounds() == (4, 4)
     lrn.admit_batch([b"x"], "c")
     assert set(lrn.senders) == {"a", "c"}, "quiet samplers are forgotten"
+    lrn.admission.shutdown()
+
+
+def test_samplers_that_left_do_not_stop_the_one_there_from_filling_a_step():
+    """Three samplers sent in the last minute, two of them gone: the one left has a share of 3 of the 8 waiting
+    groups, and the learner takes 4 a step. Once it has its share it may still fill the step; beyond, it is busy
+    (the learner and it waited for each other until the others aged out: up to ACTIVE_SENDER_S)."""
+    lrn = fake_learner([SimpleNamespace(sampler="here")] * 3)
+    lrn.senders.update(here=time.monotonic(), gone1=time.monotonic(), gone2=time.monotonic())
+    with lrn.lock:
+        assert lrn.queue_bounds() == (3, 8)
+    assert lrn.admit_batch([b"g1", b"g2"], "here") == [("accepted", ""), ("busy", "queue_full")]
     lrn.admission.shutdown()
 
 
