@@ -21,7 +21,7 @@ from p2prl import prom
 from p2prl.config import write_atomically
 from p2prl.log import setup_logging
 from p2prl.swarm import owned, peerbook
-from p2prl.swarm.dht import BootstrapError, held, shutdown_dht, start_dht, stop_on_signals
+from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
 from p2prl.swarm.peerbook import KnownPeer
 
 log = logging.getLogger("p2prl.bootstrap")
@@ -138,7 +138,7 @@ def serve(
             write_atomically(maddrs_file, "".join(m + "\n" for m in maddrs))
         others = peerbook.from_maddrs(initial_peers, time.time())
         if book:
-            answered = dht.run_coroutine(functools.partial(held, functools.partial(_rejoin, peers=[*others, *book])))
+            answered = dht.run_coroutine(functools.partial(_rejoin, peers=[*others, *book]))
             known = len({p.peer_id for p in [*others, *book]})
             log.info("rejoining the swarm: %d of %d known peer(s) answered (the peers file %s and --initial-peers)",
                      answered, known, book_path)
@@ -161,7 +161,7 @@ def _status_loop(dht, stop, table: dict, book: list[KnownPeer], book_path: str, 
             return 1
         redial = others if live else [*others, *book]
         try:
-            st = dht.run_coroutine(functools.partial(held, functools.partial(_status, redial=redial)))
+            st = dht.run_coroutine(functools.partial(_status, redial=redial))
         except Exception as e:
             log.warning("status check failed: %s: %s", type(e).__name__, e)
         else:

@@ -195,6 +195,10 @@ def _owned_dht_class():
             owned.sortable_subkeys()
             super().run()
 
+        def run_coroutine(self, coro, return_future: bool = False):
+            """hivemind's, with the coroutine's task held until it ends (``held``)."""
+            return super().run_coroutine(functools.partial(held, coro), return_future=return_future)
+
     return OwnedDHT
 
 
@@ -202,9 +206,10 @@ _HELD: set = set()  # in a DHT's process: the tasks of coroutines run through ``
 
 
 async def held(coro_fn, dht, node):
-    """``coro_fn(dht, node)`` for ``hivemind.DHT.run_coroutine``, as ``functools.partial(held, coro_fn)``: hivemind
-    keeps no reference to the task it runs a coroutine in, so one still waiting could be garbage-collected (its
-    "Task was destroyed but it is pending" and GeneratorExit traceback landed in peers' logs); this holds it."""
+    """``coro_fn(dht, node)`` in a DHT's process, its task held (``OwnedDHT.run_coroutine`` runs every coroutine
+    so): hivemind keeps no reference to the task it runs a coroutine in, so one still waiting could be
+    garbage-collected (its "Task was destroyed but it is pending" and GeneratorExit traceback landed in peers'
+    logs)."""
     task = asyncio.current_task()
     _HELD.add(task)
     try:
@@ -245,7 +250,7 @@ def start_dht(initial_peers: list[str], timeout_s: float, **kw):
         raise BootstrapError(f"could not start the DHT node: {type(e).__name__}: {e}") from None
     if not kw.get("client_mode"):
         try:
-            dht.run_coroutine(functools.partial(held, reach.serve_checks))
+            dht.run_coroutine(reach.serve_checks)
         except Exception as e:  # the check is a courtesy to other peers: never a reason not to start
             log.debug("not serving reachability checks: %s: %s", type(e).__name__, e)
     return dht

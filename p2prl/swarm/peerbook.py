@@ -22,7 +22,6 @@ is merely a dial that fails.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import os
@@ -35,7 +34,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from p2prl.config import write_atomically
-from p2prl.swarm.dht import held
 
 log = logging.getLogger("p2prl.peerbook")
 
@@ -311,8 +309,7 @@ class Keeper:
         if dht is None:
             return
         try:
-            seen = dht.run_coroutine(functools.partial(held, _seen), return_future=True).result(
-                timeout=DIAL_TIMEOUT_S * 2)
+            seen = dht.run_coroutine(_seen, return_future=True).result(timeout=DIAL_TIMEOUT_S * 2)
         except Exception as e:  # the DHT stopping or restarting: the next round, or the book as it was
             log.debug("peers file: no peers read: %s: %s", type(e).__name__, e)
             return

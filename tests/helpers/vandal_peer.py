@@ -66,7 +66,7 @@ import msgpack
 
 from p2prl.launch.procs import children_of
 from p2prl.swarm import owned
-from p2prl.swarm.dht import RUNS_KEY, held, key, shutdown_dht, start_dht, stop_on_signals
+from p2prl.swarm.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_signals
 
 log = logging.getLogger("vandal")
 
@@ -362,8 +362,7 @@ def main() -> None:
     try:
         while time.time() < end and not stop.is_set():
             started = time.monotonic()
-            fut = dht.run_coroutine(functools.partial(held, functools.partial(flood_round, params)),
-                                    return_future=True)
+            fut = dht.run_coroutine(functools.partial(flood_round, params), return_future=True)
             try:
                 got = fut.result(timeout=ROUND_TIMEOUT_S)
             except Exception as e:
