@@ -340,8 +340,9 @@ class RoundsConfig(_Section):
     group_size: int = Field(16, ge=2, le=64)
     """Most learners in one gradient round (hivemind target_group_size); keep it at least the number of learners, or
     rounds split and the smaller part is redone."""
-    wait_s: float = Field(2.0, gt=0.05, le=600.0)
-    """How long a learner looks for others to average a round with."""
+    wait_s: float = Field(2.0, gt=0.05, le=60.0)
+    """How long a learner looks for others to average a round with (at most a minute: DHT nodes keep a round's
+    declarations for at most ``owned.MAX_BYTES_TTL_S``, 120 s)."""
     timeout_s: float = Field(30.0, gt=0.5, le=3600.0)
     """Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per
     round."""

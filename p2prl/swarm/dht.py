@@ -193,6 +193,7 @@ def _owned_dht_class():
         def run(self) -> None:  # in the DHT's own process
             exit_with_parent(self._owner)
             owned.sortable_subkeys()
+            owned.bounded_bytes_subkeys()
             super().run()
 
         def run_coroutine(self, coro, return_future: bool = False):

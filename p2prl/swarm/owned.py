@@ -10,11 +10,18 @@ under a subkey with another key, or with none, is nobody's, and DHT nodes refuse
 (``RecordRules``). ``RecordRules`` also refuses any record that expires more than ``MAX_TTL_S`` from now, on store
 and when found, so junk under a stranger's own subkeys is gone within that bound too; a value without a subkey (one
 replaces every subkey of its key: no p2prl record and no hivemind averager record is one), a subkey other than text
-or bytes, and a value that is not msgpack (hivemind's readers fail on the whole key) are refused too. hivemind's
-storage orders a key's subkeys by (expiration, subkey), which fails for a text and a bytes subkey expiring at the
-same instant; every p2prl DHT process orders them by type first (``sortable_subkeys``). Peers need their libp2p
-identity's RSA key in Python for this: a peer started without ``net.identity_path`` gets a fresh one
-(``new_identity``), as its daemon would otherwise have made for itself.
+or bytes, and a value that is not msgpack (hivemind's readers fail on the whole key) are refused too, and so is a
+value larger than any p2prl record (``MAX_VALUE_BYTES``).
+
+Bytes subkeys are hivemind's averager's (the learners' gradient rounds: a peer id's bytes, a flag or a priority,
+for seconds); nobody owns them, so a stranger can make any number of them for free, under any key. Every reader of
+a key gets all of them (and skips them), so they are bounded three ways: a value of at most
+``MAX_BYTES_SUBKEY_VALUE`` bytes, an expiration within ``MAX_BYTES_TTL_S`` (``RecordRules``), and at most
+``MAX_BYTES_SUBKEYS`` of them under one key on a node (``bounded_bytes_subkeys``: a new one is refused while the key
+holds that many). hivemind's storage orders a key's subkeys by (expiration, subkey), which fails for a text and a
+bytes subkey expiring at the same instant; every p2prl DHT process orders them by type first
+(``sortable_subkeys``). Peers need their libp2p identity's RSA key in Python for this: a peer started without
+``net.identity_path`` gets a fresh one (``new_identity``), as its daemon would otherwise have made for itself.
 """
 
 from __future__ import annotations
@@ -29,6 +36,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 MAX_TTL_S = 1200.0  # the longest expiration any record may have (a peer's own: 3 heartbeats, at most 900 s)
+MAX_VALUE_BYTES = 65536 + 8  # the largest p2prl record (a run record, ``RunRecord.MAX_BYTES``) as msgpack bytes
+MAX_BYTES_TTL_S = 120.0  # bytes subkeys: a gradient round's declaration (within rounds.wait_s, at most 60 s) or 30 s
+MAX_BYTES_SUBKEY_VALUE = 64  # bytes subkeys: hivemind's averager stores a flag, a priority or None
+MAX_BYTES_SUBKEYS = 128  # bytes subkeys under one key on one node (a round's learners: at most rounds.group_size, 64)
 _OWNED = re.compile(r"(?P<peer>[1-9A-HJ-NP-Za-km-z]{30,64})\[owner:(?P<key>ssh-rsa [A-Za-z0-9+/]{300,1500}={0,2})\]")
 
 
@@ -134,12 +145,15 @@ def _record_rules() -> type:
 
     class RecordRules(RecordValidatorBase):
         """Refuses a record that expires more than ``MAX_TTL_S`` from now; one without a subkey, or under a subkey
-        that is neither text (every p2prl record's, which a peer must own) nor bytes (hivemind's averager's); and one
-        whose value is not msgpack (called after ``RSASignatureValidator`` has checked and stripped a signature).
-        ``RSASignatureValidator`` checks that an owned subkey's value is signed by its owner."""
+        that is neither text (every p2prl record's, which a peer must own) nor bytes (hivemind's averager's: a value
+        of at most ``MAX_BYTES_SUBKEY_VALUE`` bytes, expiring within ``MAX_BYTES_TTL_S``); one whose value is larger
+        than ``MAX_VALUE_BYTES``; and one whose value is not msgpack (called after ``RSASignatureValidator`` has
+        checked and stripped a signature). ``RSASignatureValidator`` checks that an owned subkey's value is signed
+        by its owner."""
 
         def validate(self, record) -> bool:
-            if record.expiration_time > get_dht_time() + MAX_TTL_S:
+            left = record.expiration_time - get_dht_time()
+            if left > MAX_TTL_S or len(record.value) > MAX_VALUE_BYTES:
                 return False
             try:
                 subkey = MSGPackSerializer.loads(record.subkey) if record.subkey else None
@@ -148,7 +162,7 @@ def _record_rules() -> type:
                 return False
             if isinstance(subkey, str):
                 return owner_of(subkey) is not None
-            return isinstance(subkey, bytes)
+            return isinstance(subkey, bytes) and left <= MAX_BYTES_TTL_S and len(record.value) <= MAX_BYTES_SUBKEY_VALUE
 
         def merge_with(self, other) -> bool:
             return type(other) is type(self)
@@ -169,3 +183,27 @@ def sortable_subkeys() -> None:
         return type(a.key).__name__ < type(b.key).__name__
 
     timed_storage.HeapEntry.__lt__ = less
+
+
+def bounded_bytes_subkeys() -> None:
+    """Make hivemind's storage (and cache) refuse a new bytes subkey under a key that holds ``MAX_BYTES_SUBKEYS``
+    of them already (in this process); a stored one may still be updated. Without it a stranger could add
+    thousands of fresh ones to a run's keys (each a few random bytes), which every reader of the key would then
+    receive, check and skip on every look-up."""
+    from hivemind.dht.storage import DHTLocalStorage, DictionaryDHTValue
+
+    store_subkey = DHTLocalStorage.store_subkey
+    if getattr(store_subkey, "bounded", False):
+        return
+
+    def bounded(self, key, subkey, value, expiration_time) -> bool:
+        if isinstance(subkey, bytes):
+            found = self.get(key)
+            held = found.value if found is not None else None
+            if (isinstance(held, DictionaryDHTValue) and subkey not in held.data and len(held) >= MAX_BYTES_SUBKEYS
+                    and sum(isinstance(s, bytes) for s in held.data) >= MAX_BYTES_SUBKEYS):
+                return False
+        return store_subkey(self, key, subkey, value, expiration_time)
+
+    bounded.bounded = True
+    DHTLocalStorage.store_subkey = bounded

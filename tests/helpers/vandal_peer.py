@@ -18,9 +18,10 @@ identities per kind so that kinds do not replace each other, unless the kind say
 - ``own_random``: random bytes, msgpack-encoded as a record's bytes are;
 - ``own_schema``: msgpack maps that look like the key's record but fail its schema, and a list nested 1000 deep;
 - ``own_nonbytes``: a value that is a map, not a record's bytes;
-- ``own_big``: 20,000 random bytes (more than any record may have);
 - ``bytes_subkey``: ``--fresh`` new random bytes subkeys a round (bytes subkeys are hivemind's averager's; nobody
-  owns them), with random bytes;
+  owns them), each with the largest value and the latest expiration honest nodes take for one
+  (``owned.MAX_BYTES_SUBKEY_VALUE``, ``owned.MAX_BYTES_TTL_S``); a node takes ``owned.MAX_BYTES_SUBKEYS`` of them
+  under one key, and refuses the rest (``CAPPED``, as ``tie``'s bytes subkeys);
 - ``tie``: a record under its own owned subkey and one under a bytes subkey with the very same expiration, and a
   bytes subkey expiring exactly when each honest subkey found expires (hivemind's storage failed on every later store
   and look-up of such a key, until p2prl's DHT processes ordered subkeys by type: ``owned.sortable_subkeys``);
@@ -31,6 +32,10 @@ Kinds that honest nodes should refuse:
 
 - ``own_raw``: random bytes that are no msgpack at all, under its own subkeys, signed (hivemind's readers failed on
   the whole key until p2prl's nodes refused them);
+- ``own_big``: 70,000 random bytes under its own subkeys, signed (more than any record may have:
+  ``owned.MAX_VALUE_BYTES``);
+- ``bytes_big``: a bytes subkey with 1,000 random bytes, and one expiring an hour from now (beyond what
+  hivemind's averager stores under one; taken until p2prl's nodes refused them);
 - ``overwrite``: junk under every owned subkey of another peer found under the key (the honest peers', an earlier
   vandal's), unsigned and signed by the vandal's key;
 - ``unowned``: text subkeys nobody owns: each honest peer id, a random name, an honest peer id with the vandal's
@@ -70,8 +75,9 @@ from p2prl.swarm.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_sign
 
 log = logging.getLogger("vandal")
 
-SHOULD_STORE = ("own_random", "own_schema", "own_nonbytes", "own_big", "bytes_subkey", "tie", "cache")
-SHOULD_REFUSE = ("own_raw", "overwrite", "unowned", "far", "plain_far", "plain")
+SHOULD_STORE = ("own_random", "own_schema", "own_nonbytes", "bytes_subkey", "tie", "cache")
+SHOULD_REFUSE = ("own_raw", "own_big", "bytes_big", "overwrite", "unowned", "far", "plain_far", "plain")
+CAPPED = ("bytes_subkey", "tie")  # their bytes subkeys: stored until the key holds owned.MAX_BYTES_SUBKEYS on a node
 KINDS = SHOULD_STORE + SHOULD_REFUSE
 OWN_KINDS = ("own_random", "own_schema", "own_nonbytes", "own_big", "own_raw", "tie", "cache")  # own identities
 RUN_KEYS = ("peers", "policy", "config", "authority")  # key(run_id, ...): peer, policy, run config and run records
@@ -232,10 +238,10 @@ async def flood_round(params: dict, dht, node) -> dict:
 
     records = []  # (kind, key id, subkey or None, value bytes, expiration)
     now = get_dht_time()
-    bound = now + owned.MAX_TTL_S - MARGIN_S
+    bound, bytes_bound = now + owned.MAX_TTL_S - MARGIN_S, now + owned.MAX_BYTES_TTL_S - MARGIN_S
 
-    def exp() -> float:  # at the bound, and no two alike (a tie is a kind of its own: ``tie``)
-        return bound - rng.random() * 0.01
+    def exp(at: float = bound) -> float:  # at the bound, and no two alike (a tie is a kind of its own: ``tie``)
+        return at - rng.random() * 0.01
     mine = set(st["signers"])
     honest_max = 0
     kinds = params["kinds"]
@@ -261,21 +267,26 @@ async def flood_round(params: dict, dht, node) -> dict:
                 elif kind == "own_nonbytes":
                     value = S.dumps({"version": 10**9, "sha256": "ab" * 32, "size": 1, "peer_id": sub[:46]})
                 elif kind == "own_big":
-                    value = S.dumps(secrets.token_bytes(20000))
+                    value = S.dumps(secrets.token_bytes(70000))
                 else:  # tie: the bytes subkey below expires at the very same time; cache: into the nodes' caches
                     value = S.dumps(secrets.token_bytes(64))
-                e = bound if kind == "cache" else exp()  # cache: later than anything under the key in storage
+                # cache: later than anything under the key in storage; tie: as late as a bytes subkey may expire
+                e = bound if kind == "cache" else exp(bytes_bound if kind == "tie" else bound)
                 records.append((kind, key_id, sub, sign(key_id, sub, value, e, st["signers"][sub]), e))
                 if kind == "tie":
-                    records.append((kind, key_id, secrets.token_bytes(20), value, e))
+                    records.append((kind, key_id, secrets.token_bytes(20), S.dumps(b"tie"), e))
         if "tie" in kinds:  # a bytes subkey expiring exactly when an honest record does
             for sub, (_, e) in found.get(key_id, {}).items():
-                if sub in honest and e > now:
+                if sub in honest and now < e <= bytes_bound:
                     records.append(("tie", key_id, secrets.token_bytes(20), S.dumps(b"tie"), e))
         if "bytes_subkey" in kinds:
             for _ in range(params["fresh"]):
                 records.append(("bytes_subkey", key_id, secrets.token_bytes(rng.randrange(8, 40)),
-                                S.dumps(secrets.token_bytes(rng.randrange(16, 1024))), exp()))
+                                S.dumps(secrets.token_bytes(owned.MAX_BYTES_SUBKEY_VALUE - 2)), exp(bytes_bound)))
+        if "bytes_big" in kinds:
+            records.append(("bytes_big", key_id, secrets.token_bytes(34), S.dumps(secrets.token_bytes(1000)),
+                            exp(bytes_bound)))
+            records.append(("bytes_big", key_id, secrets.token_bytes(34), S.dumps(True), now + 3600))
         first = st["own"]["own_random"][0]
         signer = st["signers"][first]
         junk = S.dumps(secrets.token_bytes(64))

@@ -54,7 +54,8 @@ def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
         for k, junk in ((key("owned", "policy"), junk_policy), (key("owned", "peers"), junk_peer)):
             rogue.store(k, junk, far, subkey=subkey)  # under the learner's owned subkey, unsigned
             rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)  # under its plain peer id
-            rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id.encode())  # as bytes, as the averager's
+            # as bytes, as the averager's (small: a bytes subkey's value is at most owned.MAX_BYTES_SUBKEY_VALUE)
+            rogue.store(k, junk[:32], get_dht_time() + 60, subkey=learner.peer_id.encode())
 
         v2 = PolicyRecord(version=2, sha256="22" * 32, size=1)
         learner.publish_policy(v2)  # a later, shorter expiration than the junk's still replaces v1

@@ -92,6 +92,73 @@ def test_values_without_a_subkey_other_subkeys_and_values_that_are_not_msgpack_a
         assert not rules.validate(record(subkey, junk))
 
 
+def test_values_larger_than_any_record_and_bytes_subkeys_beyond_an_averager_declaration_are_refused(ids):
+    from p2prl.swarm.dht import _Record
+
+    paths, (mine, _) = ids
+    _, rules = owned.validators(paths[0])
+    _, subkey = owned.owned_subkey(mine)
+    largest = max(c.MAX_BYTES for c in _all_subclasses(_Record))
+    assert rules.validate(record(subkey, MSGPackSerializer.dumps(b"x" * largest)))  # every p2prl record fits
+    assert not rules.validate(record(subkey, MSGPackSerializer.dumps(b"x" * (owned.MAX_VALUE_BYTES + 1))))
+
+    def under_bytes(value, expires_in: float = 30.0) -> DHTRecord:
+        return dataclasses.replace(record("x", MSGPackSerializer.dumps(value), expires_in),
+                                   subkey=MSGPackSerializer.dumps(b"\x12\x20" + b"p" * 32))
+
+    for value in (True, False, None, 1.5):  # what hivemind's averager stores under a peer id's bytes
+        assert rules.validate(under_bytes(value))
+    assert rules.validate(under_bytes(b"x" * (owned.MAX_BYTES_SUBKEY_VALUE - 2)))
+    assert not rules.validate(under_bytes(b"x" * (owned.MAX_BYTES_SUBKEY_VALUE - 1)))
+    assert rules.validate(under_bytes(True, owned.MAX_BYTES_TTL_S - 5))
+    assert not rules.validate(under_bytes(True, owned.MAX_BYTES_TTL_S + 5))
+    assert rules.validate(record(subkey, b"v", expires_in=owned.MAX_BYTES_TTL_S + 5))  # owned records: MAX_TTL_S
+
+
+def _all_subclasses(cls) -> set:
+    import p2prl.swarm.authority  # noqa: F401  (records defined there)
+
+    out = set(cls.__subclasses__())
+    for sub in list(out):
+        out |= _all_subclasses(sub)
+    return out
+
+
+def test_a_round_wait_stays_within_the_bytes_subkeys_bound():
+    from p2prl.config import RoundsConfig
+
+    meta = RoundsConfig.model_fields["wait_s"].metadata
+    assert next(m.le for m in meta if getattr(m, "le", None) is not None) * 2 <= owned.MAX_BYTES_TTL_S
+    group = RoundsConfig.model_fields["group_size"].metadata
+    assert next(m.le for m in group if getattr(m, "le", None) is not None) * 2 <= owned.MAX_BYTES_SUBKEYS
+
+
+def test_a_key_takes_at_most_max_bytes_subkeys_new_ones_and_any_text_subkey():
+    from hivemind.dht.routing import DHTID
+    from hivemind.dht.storage import DHTLocalStorage
+
+    owned.sortable_subkeys()
+    owned.bounded_bytes_subkeys()
+    storage, key, t = DHTLocalStorage(), DHTID.generate(source="p2prl/run/policy"), get_dht_time() + 60
+    value = MSGPackSerializer.dumps(True)
+    subkeys = [i.to_bytes(4, "big") for i in range(owned.MAX_BYTES_SUBKEYS)]
+    assert all(storage.store(key, value, t, subkey=s) for s in subkeys)
+    assert not storage.store(key, value, t, subkey=b"one more")
+    assert storage.store(key, MSGPackSerializer.dumps(False), t + 1, subkey=subkeys[0])  # an update of one held
+    assert storage.store(key, value, t, subkey="peer[owner:...]")  # text subkeys are not counted
+    assert storage.store(DHTID.generate(source="another key"), value, t, subkey=b"one more")  # per key
+    soon = DHTID.generate(source="expiring")
+    for s in subkeys:
+        storage.store(soon, value, get_dht_time() + 0.2, subkey=s)
+    assert not storage.store(soon, value, t, subkey=b"one more")
+    import time
+
+    time.sleep(0.3)
+    assert storage.store(soon, value, t, subkey=b"one more")  # expired ones make room
+    got = storage.get(key).value
+    assert len(got) == owned.MAX_BYTES_SUBKEYS + 1 and got.get(subkeys[0]).value == MSGPackSerializer.dumps(False)
+
+
 def test_a_text_and_a_bytes_subkey_expiring_at_the_same_instant_are_stored_and_read():
     from hivemind.dht.storage import DictionaryDHTValue
 
