@@ -2,13 +2,15 @@
 
 The loop reads top to bottom: catch up with a learner ahead, take a batch picked by the
 admission rule, one gradient round, then the step (training log, own groups, ledger,
-evaluation, publish, checkpoint) and its metrics. Four threads share the learner: this
+evaluation, publish, checkpoint) and its metrics. Five threads share the learner: this
 loop, the node's network loop (the rollout and acks streams, ``intake.py``; the ``state``,
 ``weights`` and ``hello`` streams), the single admission thread (records verified, rewards
-recomputed, log-probs spot-checked: ``intake.py``) and the heartbeat thread
-(``membership.py``). The group ledger (``ledger.py``) and its admission buffer are touched
-only under ``self.lock`` (the intake's); a step and a ``state`` snapshot exclude each other
-under ``self.step_lock``.
+recomputed, log-probs spot-checked: ``intake.py``), the heartbeat thread
+(``membership.py``) and the look-up of the newest published version that the loop reads a
+poll later (``records.Prefetch``: its check for a learner ahead does not wait for the
+DHT). The group ledger (``ledger.py``) and its admission buffer are touched only under
+``self.lock`` (the intake's); a step and a ``state`` snapshot exclude each other under
+``self.step_lock``.
 
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
@@ -54,6 +56,7 @@ from p2prl.swarm.authority import learner_trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.membership import Membership
+from p2prl.swarm.records import Prefetch
 from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.protocol import WeightStore, weights_handler
@@ -111,6 +114,7 @@ class Learner:
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
+        self.newest = Prefetch(node.latest_policy, "newest-version")  # read by poll_ahead, a poll after it was sent
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
@@ -186,7 +190,7 @@ class Learner:
         if time.time() - self.last_check <= self.cfg.net.poll_s:
             return False
         self.last_check = time.time()
-        if self.catch_up():
+        if self.catch_up(self.newest.take()):
             self.bar.update(self.core.version - self.bar.n)
             self.version_since, self.rounds.missed = time.time(), 0
             return True
@@ -310,6 +314,7 @@ class Learner:
     def close(self) -> None:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""
         self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
+        self.newest.close()
         self.intake.shutdown()
         self.rounds.shutdown()
 
@@ -339,11 +344,13 @@ class Learner:
         with self.lock:  # lost groups retrained, and that on disk: their files can go
             self.ledger.checkpointed()
 
-    def catch_up(self) -> bool:
-        """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded."""
+    def catch_up(self, latest: tuple[str, PolicyRecord] | None | bool = True) -> bool:
+        """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded.
+        ``latest``: the newest published (publisher, record) as found already, or True to look it up now."""
         candidates = self.membership.records()
-        latest = self.node.latest_policy()
-        if latest is not None:
+        if latest is True:
+            latest = self.node.latest_policy()
+        if latest:
             candidates.append(latest)
         target = ahead_of(self.latest, candidates, self.node.peer_id)
         if target is None:

@@ -435,11 +435,10 @@ class SwarmNode(Records):
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
-        with self._publish_lock:
-            pending, self._publishing = self._publishing, []
         if not self.stop.is_set():  # a run that ended: the last version it announced reaches the DHT
-            for dht_key, fut in pending:
-                self._settle(dht_key, fut)
+            self.flush_policy()
+        with self._publish_lock:
+            self._publishing, self._unannounced = [], None
 
         async def close():
             # streams cut by the daemon going away are expected now: keep them out of the user's terminal

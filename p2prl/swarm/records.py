@@ -11,9 +11,10 @@ counted (``dht_errors``), never raised.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 from p2prl.swarm.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key
 
@@ -23,6 +24,31 @@ if TYPE_CHECKING:
     from p2prl.swarm.transport import Transport
 
 log = logging.getLogger("p2prl.node")
+T = TypeVar("T")
+
+
+class Prefetch:
+    """A look-up read one poll later: ``fn()`` (a DHT read that logs and counts its failures, never raises) runs on a
+    thread of its own, one call at a time; ``take()`` returns the result of the last call that ended (None before
+    the first) and starts the next one unless one is running. A loop that polls the DHT so never waits for it: it
+    acts on what the DHT said a poll ago (a look-up takes longer when DHT nodes are busy, under junk records)."""
+
+    def __init__(self, fn: Callable[[], T], name: str):
+        self.fn, self.last = fn, None
+        self.pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"p2prl-{name}")
+        self.fut: concurrent.futures.Future | None = None
+
+    def take(self) -> T | None:
+        if self.fut is not None and self.fut.done():
+            if self.fut.exception() is None:
+                self.last = self.fut.result()
+            self.fut = None
+        if self.fut is None:
+            self.fut = self.pool.submit(self.fn)
+        return self.last
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Records:
@@ -39,6 +65,7 @@ class Records:
         self.dht_errors = 0
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
+        self._unannounced = None  # the newest record publish_policy(wait=False) left to a later call, if any
 
     def _send_store(self, dht_key: str, value: bytes, ttl: float):
         """Send a store of our own value with expiration; its future (``_settle``), or None when it could not be
@@ -111,20 +138,37 @@ class Records:
         return out
 
     def publish_policy(self, rec: PolicyRecord, wait: bool = True) -> None:
-        """Announce ``rec`` as our newest version, and us as a holder of it. ``wait=False``: return once the
-        stores are sent, so that a learner's next step overlaps their round trips; those of the previous such
-        call are waited for first (one announcement in flight: a failure is still counted, and stores never
-        pile up behind a slow DHT)."""
-        value = rec.encode()
+        """Announce ``rec`` as our newest version, and us as a holder of it. ``wait=False``: return at once, so
+        that a learner's next step overlaps the round trips: the stores are sent unless those of the previous such
+        call are still in flight, in which case ``rec`` is left to the next call (a step's, a heartbeat's, or
+        ``flush_policy``), which announces the newest. One announcement is in flight at most: a failure is still
+        counted, stores never pile up behind a slow DHT, and a step never waits for one (the DHT may skip versions
+        that streams announce meanwhile). A later store of ours replaces an earlier one wherever both land (its
+        expiration is later), so two announcements in flight (a heartbeat's, waited for) land in order."""
         with self._publish_lock:
-            for dht_key, fut in self._publishing:
-                self._settle(dht_key, fut)
+            if not wait and any(fut is not None and not fut.done() for _, fut in self._publishing):
+                self._unannounced = rec
+                return
+            if self._unannounced is not None and self._unannounced.version > rec.version:
+                rec = self._unannounced  # a heartbeat's record, older than the one left for later: that one goes
+            self._unannounced, value = None, rec.encode()
             keys = [key(self.cfg.run_id, "policy"), key(self.cfg.run_id, "holders", str(rec.version))]
-            self._publishing = [(k, self._send_store(k, value, self.ttl)) for k in keys]
-            if wait:
-                for dht_key, fut in self._publishing:
-                    self._settle(dht_key, fut)
-                self._publishing = []
+            previous, sent = self._publishing, [(k, self._send_store(k, value, self.ttl)) for k in keys]
+            self._publishing = [] if wait else sent
+        # waited for outside the lock: a heartbeat's announcement never holds up a step's
+        for dht_key, fut in previous + (sent if wait else []):
+            self._settle(dht_key, fut)
+
+    def flush_policy(self) -> None:
+        """Wait for the announcement in flight, and announce the record ``publish_policy(wait=False)`` left for later,
+        if any (a run that ends: its last version reaches the DHT)."""
+        with self._publish_lock:
+            pending, self._publishing = self._publishing, []
+            rec, self._unannounced = self._unannounced, None
+        for dht_key, fut in pending:
+            self._settle(dht_key, fut)
+        if rec is not None:
+            self.publish_policy(rec)
 
     def announce_holder(self, rec: PolicyRecord) -> None:
         self._store(key(self.cfg.run_id, "holders", str(rec.version)), rec.encode(), self.ttl)
