@@ -5,16 +5,18 @@
                                     [section.key=value ...]
 
 One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap (its own identity), a
-learner and a sampler (``SETTINGS``: the small test settings of ``flood.py``, builtin policy). Once the learner has
+learner and a sampler (``SETTINGS``: the small test settings of ``flood.py``, one torch thread a peer, builtin
+policy). Once the learner has
 published 3 versions, windows of ``--window`` seconds follow: quiet, vandal, burn, ``--repeats`` times, and a last
 quiet one. A vandal window runs ``tests/helpers/vandal_peer.py`` (a DHT node of its own, joined through the
 bootstrap) with every kind of record it has: every ``--interval`` s it stores, on every DHT node it knows, under
 every key of the run (peer, policy, holders, run config and run records, the run announcements), junk under its own
-owned subkeys (random bytes, msgpack that fails the record schemas, maps instead of bytes, 20 kB values: ``--ids``
-identities per kind, signed, expiring at the latest time honest nodes accept), ``--fresh`` new bytes subkeys a key
-and round, bytes and text subkeys expiring at the same instant, records for the nodes' caches, and records honest
-nodes must refuse (values that are no msgpack, the learner's owned subkeys overwritten, text subkeys nobody owns,
-values without a subkey, one-year expirations); the window lasts from its first round to its last. A burn window
+owned subkeys (random bytes, msgpack that fails the record schemas, maps instead of bytes: ``--ids`` identities
+per kind, signed, expiring at the latest time honest nodes accept), ``--fresh`` new bytes subkeys a key and round
+(the largest values and latest expirations honest nodes take for them), bytes and text subkeys expiring at the same
+instant, records for the nodes' caches, and records honest nodes must refuse (values that are no msgpack, 70 kB
+values, bytes subkeys with large values or far expirations, the learner's owned subkeys overwritten, text subkeys
+nobody owns, values without a subkey, one-year expirations); the window lasts from its first round to its last. A burn window
 is a reference: a process burns the CPU (cores busy) the vandal of the window before used, with no network at all,
 so that its slow-down is CPU contention alone. In every window a fresh sampler process starts (a fork of this
 process, which has imported what a peer imports; ``--probe-start spawn``: a new interpreter, its imports included);
@@ -54,11 +56,15 @@ from flood import versions_per_s  # noqa: E402
 
 from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file  # noqa: E402
 from p2prl.metrics import read_jsonl  # noqa: E402
+from p2prl.swarm.owned import MAX_BYTES_SUBKEYS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VANDAL = ROOT / "tests" / "helpers" / "vandal_peer.py"
 RUN_ID = "dht_vandal"
-SETTINGS = [f"net.run_id={RUN_ID}" if s.startswith("net.run_id=") else s for s in FLOOD_SETTINGS]
+# one torch thread a peer, as the project's configs for several peers on one machine set (configs/math.toml): with
+# torch's default (a thread per core) the learner and the sampler oversubscribe the cores, and every burst of any other
+# process (the vandal's, and the DHT work it causes) stalls both peers' threads at their synchronisation points
+SETTINGS = [f"net.run_id={RUN_ID}" if s.startswith("net.run_id=") else s for s in FLOOD_SETTINGS] + ["train.threads=1"]
 LOADED = re.compile(r"loaded policy v(\d+)")
 ALONE = ("own_raw", "plain", "tie")  # kinds that stalled every reader before p2prl's nodes refused or ordered them
 PEERS = ("bootstrap", "learner", "sampler")  # whose CPU use is measured (/proc: Linux)
@@ -298,7 +304,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     sys.path.insert(0, str(VANDAL.parent))
-    from vandal_peer import KINDS, SHOULD_REFUSE
+    from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE
 
     alone = [k for k in a.alone.split(",") if k]
     if not set(alone) <= set(KINDS):
@@ -355,7 +361,9 @@ def main() -> None:
     store_rows = ["| kind of record | honest nodes should | stores tried | accepted | refused | no answer |",
                   "|---|---|---|---|---|---|"]
     for k, c in total.items():
-        store_rows.append(f"| `{k}` | {'refuse' if k in SHOULD_REFUSE else 'store'} | {c['tried']} | "
+        should = "refuse" if k in SHOULD_REFUSE else "store"
+        should += f" (bytes subkeys: {MAX_BYTES_SUBKEYS} a key at most)" if k in CAPPED else ""
+        store_rows.append(f"| `{k}` | {should} | {c['tried']} | "
                           f"{c['accepted']} | {c['refused']} | {c['no_answer']} |")
     rounds = [w["vandal"]["rounds"] for w in flooded]
     nodes = max(w["vandal"]["nodes"] for w in flooded)
@@ -402,7 +410,7 @@ def main() -> None:
         "docstring): a DHT node of its own that sends hivemind's store RPC straight to every node it knows, so every "
         "node's answer on every record is counted. The vandal runs on the same cores as the swarm, so part of any "
         "slow-down is CPU contention: the burn windows show how much. What the vandal stored stays in the DHT for up "
-        "to 1200 s, so every window after the first vandal window reads it (quiet and burn ones too)."
+        "to 1200 s (bytes subkeys: 120 s), so the windows after a vandal window read it (quiet and burn ones too)."
         f"\n\nOverall: {'met' if ratio >= 0.7 and join_ok else 'not met'} (the flood of every kind: "
         "versions/s >= 0.7 of quiet, and every joining sampler's first version within 10 s)."
     )
