@@ -194,6 +194,7 @@ def _owned_dht_class():
             exit_with_parent(self._owner)
             owned.sortable_subkeys()
             owned.bounded_bytes_subkeys()
+            self._inner_pipe = _WholeRequests(self._inner_pipe)
             super().run()
 
         def run_coroutine(self, coro, return_future: bool = False):
@@ -201,6 +202,28 @@ def _owned_dht_class():
             return super().run_coroutine(functools.partial(held, coro), return_future=return_future)
 
     return OwnedDHT
+
+
+class _WholeRequests:
+    """The DHT process's end of hivemind's request pipe, read in blocking mode. hivemind's event loop watches that end
+    (``add_reader``, which makes it non-blocking), and a request larger than what the pipe holds at once (a store of a
+    value over about 30 kB: a run record of many learners) arrives in parts: reading it failed half-way
+    (BlockingIOError), and the DHT process died. A request that has begun to arrive is now read whole."""
+
+    def __init__(self, conn):
+        self.conn = conn
+
+    def recv(self):
+        fd = self.conn.fileno()
+        was = os.get_blocking(fd)
+        os.set_blocking(fd, True)
+        try:
+            return self.conn.recv()
+        finally:
+            os.set_blocking(fd, was)
+
+    def __getattr__(self, name):  # fileno, poll, close: the connection's own
+        return getattr(self.conn, name)
 
 
 _HELD: set = set()  # in a DHT's process: the tasks of coroutines run through ``held``, until they end

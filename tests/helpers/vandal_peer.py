@@ -122,8 +122,7 @@ def schema_junk(name: str, rng: random.Random) -> bytes:
 
 # ---- in the DHT's process ------------------------------------------------------------------------------
 _STATE: dict = {}  # the signing validator of each identity, the nodes known, made on the first round
-# kind -> its identities, set before the DHT's process is forked (which inherits it): not sent with each round, as
-# hivemind's pipe to that process fails on a message over 16 kB (it reads it without blocking, and gets part of it)
+# kind -> its identities, set before the DHT's process is forked (which inherits it): not sent with each round
 IDENTITIES: dict[str, list[bytes]] = {}
 
 
