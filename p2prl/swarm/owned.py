@@ -200,6 +200,7 @@ def bounded_bytes_subkeys() -> None:
         if isinstance(subkey, bytes):
             found = self.get(key)
             held = found.value if found is not None else None
+            # len() drops the expired ones first; a held subkey may be updated
             if (isinstance(held, DictionaryDHTValue) and subkey not in held.data and len(held) >= MAX_BYTES_SUBKEYS
                     and sum(isinstance(s, bytes) for s in held.data) >= MAX_BYTES_SUBKEYS):
                 return False
