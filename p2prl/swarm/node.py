@@ -38,7 +38,7 @@ Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[
 
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
 MAX_REFUSED_DRAIN = 1 << 20  # the same after refusing a stream
-LIMITED_HOLD_S = 1.0  # a stream over its peer's limits is refused after this pause
+LIMITED_HOLD_S = 1.0  # a stream of a banned peer, or over its peer's limits, is refused after this pause
 
 
 async def drain(reader: asyncio.StreamReader, limit: int) -> None:
@@ -320,8 +320,8 @@ class SwarmNode(Records):
         One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
         handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
         from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
-        A banned peer's stream (``self.reputation``) is refused at once with a ``refusal`` frame,
-        one over its peer's limits (``self.limits``) after a pause; both are counted. An oversized
+        A banned peer's stream (``self.reputation``) and one over its peer's limits (``self.limits``) are refused
+        with a ``refusal`` frame after a pause (``_hold``); both are counted. An oversized
         request counts against its peer's reputation. A learner's streams from peers it does not know yet
         (``pooled``) also draw on the budget those peers share (``limits.py``). With ``self.limits``, the request frame
         must come in time (``ServedReader``, ``trust.frame_timeout_s``): a stream whose request does not is cut,
@@ -335,16 +335,11 @@ class SwarmNode(Records):
                 return
             if self.reputation is not None and self.reputation.banned(peer):
                 self.reputation.refuse(name)
+                await self._hold(peer)
                 return await self._refuse(reader, writer, "banned")
             pooled = self.pooled(peer)
             if self.limits is not None and self.limits.enter(peer, name, pooled) is not None:
-                # answered after a pause (while this peer has few such streams held): a requester that
-                # retries at once is slowed to its share of the limit instead of spinning on refusals
-                if self.limits.hold(peer):
-                    try:
-                        await asyncio.sleep(LIMITED_HOLD_S)
-                    finally:
-                        self.limits.unhold(peer)
+                await self._hold(peer)
                 return await self._refuse(reader, writer, "limited")
             if self.limits is not None:
                 reader = ServedReader(reader, self.limits.cfg.frame_timeout_s,
@@ -370,6 +365,15 @@ class SwarmNode(Records):
                     self.limits.leave(peer, name, pooled)
 
         self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
+
+    async def _hold(self, peer: str) -> None:
+        """Pause before refusing a stream of ``peer`` (banned, or over its limits) while it has few such streams held
+        (``limits.hold``): a requester that retries at once is slowed instead of spinning on refusals."""
+        if self.limits is not None and self.limits.hold(peer):
+            try:
+                await asyncio.sleep(LIMITED_HOLD_S)
+            finally:
+                self.limits.unhold(peer)
 
     def pooled(self, peer: str) -> bool:
         """Does ``peer``'s stream draw on the budget of unknown peers? On a learner (it keeps a reputation), unless it
