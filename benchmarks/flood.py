@@ -2,7 +2,8 @@
 peer id and from many fresh ones, malformed frames, partial frame headers.
 
     python benchmarks/flood.py [--window 20] [--workers 16] [--repeats 2] [--ids 50]
-                               [--floods one,fresh,malformed,partial] [--references one] [section.key=value ...]
+                               [--floods one,fresh,malformed,partial,forged] [--references one]
+                               [section.key=value ...]
 
 One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap, a learner
 and a sampler (``SETTINGS``: the small test settings, builtin policy). Once the learner has
@@ -15,7 +16,10 @@ for the window (its fresh ids' daemons start before the window does):
 - ``fresh``: the same from ``--ids`` fresh peer ids (each a libp2p daemon of its own);
 - ``malformed``: malformed frames from ``--ids`` fresh ids on every protocol a learner serves (length headers
   over any bound, bodies that are no request, bodies cut short, streams closed before a byte or inside the header);
-- ``partial``: streams from ``--ids`` fresh ids that send 3 bytes of a frame header and hold until they are cut.
+- ``partial``: streams from ``--ids`` fresh ids that send 3 bytes of a frame header and hold until they are cut;
+- ``forged``: well-formed groups from ``--ids`` fresh ids, sound in every way the learner checks before its spot
+  check (group ids, assigned prompts, the newest version, rewards), their tokens random and their log-probs made up:
+  each costs the learner a decode, a reward recomputation and, for a new sampler's first groups, a spot check.
 
 The learner's versions/s per window come from its ``metrics.jsonl``; the figure is the median
 flooded over the median quiet window (target >= 0.7). The swarm runs with the default limits
@@ -52,9 +56,10 @@ UNLIMITED = ["trust.peer_requests_per_s=1000000", "trust.peer_burst=1000000", "t
              "trust.peer_bulk_requests_per_s=1000000", "trust.peer_bulk_streams=1024",
              "trust.unknown_requests_per_s=1000000", "trust.unknown_streams=100000",
              "trust.unknown_bulk_requests_per_s=1000000", "trust.unknown_bulk_streams=1024"]
-FLOODS = ("one", "fresh", "malformed", "partial")
+FLOODS = ("one", "fresh", "malformed", "partial", "forged")
 WHAT = {"one": "one peer id: `state` and `weights`", "fresh": "{ids} fresh ids: `state` and `weights`",
-        "malformed": "{ids} fresh ids: malformed frames", "partial": "{ids} fresh ids: partial headers"}
+        "malformed": "{ids} fresh ids: malformed frames", "partial": "{ids} fresh ids: partial headers",
+        "forged": "{ids} fresh ids: well-formed forged groups"}
 
 
 def versions_per_s(lines: list[dict], t0: float, t1: float) -> float:
@@ -71,8 +76,9 @@ def flood(kind: str, maddr: str, a) -> dict:
     """One flooded window: the flooder's outcome counts and the window's wall-clock start and end."""
     ids = "0" if kind == "one" else str(a.ids)
     mode = {"one": "fresh", "fresh": "fresh"}.get(kind, kind)
+    tail = [*SETTINGS, *a.overrides] if kind == "forged" else ["state,weights"]  # forged: the run's config
     done = subprocess.run([sys.executable, str(FLOODER), mode, maddr, "flood", str(a.window), ids, str(a.workers),
-                           "state,weights"], capture_output=True, text=True, timeout=a.window + 300, cwd=ROOT,
+                           *tail], capture_output=True, text=True, timeout=a.window + 300, cwd=ROOT,
                           start_new_session=True)
     if done.returncode != 0:
         noise = ("  File", "    ", "Traceback", "Exception ignored", "RuntimeError: Event loop is closed")
@@ -180,10 +186,14 @@ def main() -> None:
         f"ones). Each flood is `tests/helpers/trust_peer.py` with {a.workers} concurrent requests: `state` and "
         "`weights` requests back to back from one peer id or from fresh ones (each fresh id a libp2p daemon of its own "
         "in the flooder's process), malformed frames (length headers over any bound, bodies that are no request, "
-        "bodies cut short, streams closed before a byte or inside the header) on every protocol a learner serves, or "
-        "streams that send 3 bytes of a header and hold. Outcomes: `ok` = answered (a state snapshot or a weights "
-        "reply), `reply` = some answer to a malformed frame, `cut` = closed unanswered (a cut request, or one its "
-        "handler refused), `refused:limited` = refused by the limits (after a 1 s pause), `refused:banned`. The "
+        "bodies cut short, streams closed before a byte or inside the header) on every protocol a learner serves, "
+        "streams that send 3 bytes of a header and hold, or well-formed `rollout` groups from fresh ids that pass "
+        "every check before the spot check (the sender's group ids, the prompts the run assigns to them, the newest "
+        "version, rewards as the learner recomputes them) with random tokens and made-up log-probs. Outcomes: `ok` = "
+        "answered (a state snapshot or a weights reply), `rejected:<reason>` = a forged group's answer, `reply` = "
+        "some answer to a malformed frame, `cut` = closed unanswered (a cut request, or one its "
+        "handler refused), `refused:limited` = refused by the limits, `refused:banned` = refused as banned (each "
+        "after a 1 s pause). The "
         "learner's counters: `limited/<protocol>` streams refused by the limits, of them `limited_unknown/<protocol>` "
         "by the budget all unknown peers share (`trust.unknown_*`), `cut/<reason>/<protocol>` request frames cut "
         "(`trust.frame_timeout_s`), `bans`, `refused_banned/<protocol>`. For reference, strict limits (nearly "

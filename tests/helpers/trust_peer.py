@@ -10,6 +10,11 @@
         short, streams closed before a byte or after 3 header bytes
     python tests/helpers/trust_peer.py partial MADDR RUN_ID SECONDS IDS WORKERS
         streams that send 3 bytes of a frame header and hold; each waits (60 s at most) for the learner to cut it
+    python tests/helpers/trust_peer.py forged MADDR RUN_ID SECONDS IDS WORKERS [section.key=value ...]
+        well-formed groups (``rollout``) from IDS fresh peer ids, each the run's in every checked way (its sender's
+        group ids, the prompts the run assigns to them, the newest version, rewards the learner recomputes alike)
+        but its tokens random and its log-probs made up: the learner decodes and verifies each, and spot-checks a
+        new sampler's first groups (a forward pass), which bans the id at once; the overrides are the run's config
 
 Prints one JSON line: ``offend`` the outcome of each record in order, ``probe`` {learner short id:
 outcome}, ``flood`` outcome counts; ``fresh``, ``malformed`` and ``partial`` {"outcomes": counts,
@@ -191,6 +196,8 @@ async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, pro
             return await malformed_probe(p2p, learner, i + n * workers)
         if mode == "partial":
             return await partial_probe(p2p, learner, cuts)
+        if mode == "forged":
+            return await request(p2p, learner, "rollout", forged_group(p2p.peer_id.to_base58()), MAX_CONTROL_BYTES)
         name = protos[(i + n) % len(protos)]
         if name == "state":
             return await request(p2p, learner, "state", pack({}), 1 << 30)
@@ -209,13 +216,63 @@ async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, pro
             counts[got] += 1
             n += 1
 
+    async def newest() -> None:  # forged groups name the newest version (older ones are refused as stale, cheaply)
+        while time.time() < end:
+            got = await asyncio.to_thread(node.latest_policy)
+            if got is not None:
+                NEWEST[0] = got[1]
+            await asyncio.sleep(0.5)
+
+    NEWEST[0] = rec
+    watch = asyncio.create_task(newest()) if mode == "forged" else None
     await asyncio.gather(*(worker(i) for i in range(workers)))
+    if watch is not None:
+        watch.cancel()
     t1 = time.time()
     out = {"outcomes": dict(counts), "t0": t0, "t1": t1}
     return {**out, "cut_s": cuts} if mode == "partial" else out
 
 
+NEWEST: list = [None]  # forged: the newest policy record found
+FORGE: dict = {}  # forged: the run's config, task, tokenizer and verifier, and each fresh id's next group counter
+
+
+def forged_group(peer: str) -> bytes:
+    """The next group of ``peer``: sound in every way the learner checks before a spot check, its text random."""
+    import numpy as np
+
+    from p2prl.rollout.record import RolloutGroup, encode_group
+    from p2prl.rollout.verify import assigned_prompt_id
+    from p2prl.tasks.base import render_prompt
+
+    cfg, task, verifier = FORGE["cfg"], FORGE["task"], FORGE["verifier"]
+    n = FORGE["counters"][peer] = FORGE["counters"].get(peer, -1) + 1
+    prefix, rec = f"{peer}/forged", NEWEST[0]
+    prompt_id = assigned_prompt_id(cfg.task.seed, prefix, n)
+    size, length = cfg.sampling.group_size, min(8, cfg.sampling.max_new_tokens)
+    rng = np.random.default_rng(n)
+    g = RolloutGroup(
+        group_id=f"{prefix}/{n}", run_id=run_id, prompt_id=prompt_id, policy_version=rec.version,
+        weights_sha256=rec.sha256, sampler=peer,
+        prompt_ids=np.array(render_prompt(verifier.tokenizer, task, task.problem(prompt_id)), dtype=np.int32),
+        tokens=rng.integers(0, verifier.vocab_size, (size, length), dtype=np.int32),
+        lengths=np.full(size, length, dtype=np.int32), logq=np.full((size, length), -0.01, dtype=np.float32),
+        rewards=np.zeros(size, dtype=np.float32))
+    g.rewards = verifier.rewards(g)
+    return encode_group(g)
+
+
 try:
+    if mode == "forged":
+        from p2prl.config import load_config
+        from p2prl.policy import load_policy
+        from p2prl.rollout.verify import Verifier
+        from p2prl.tasks import make_task
+
+        cfg = load_config(None, [f"net.run_id={run_id}", *sys.argv[7:]])
+        policy, task = load_policy(cfg.model.path, cfg.model), make_task(cfg.task)
+        FORGE.update(cfg=cfg, task=task, counters={}, verifier=Verifier(
+            task, policy.tokenizer, policy.vocab_size, run_id, cfg.sampling.group_size, cfg.sampling.max_new_tokens))
     learners = wait_until(lambda: node.peers("learner"), "a learner", log, stop)
     if mode == "offend":
         learner = learners[0].peer_id
@@ -243,9 +300,9 @@ try:
         with ThreadPoolExecutor(workers) as pool:
             list(pool.map(hammer, range(workers)))
         print(json.dumps(dict(counts)), flush=True)
-    elif mode in ("fresh", "malformed", "partial"):
+    elif mode in ("fresh", "malformed", "partial", "forged"):
         seconds, ids, workers = float(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6])
-        protos = sys.argv[7].split(",") if len(sys.argv) > 7 else ["state", "weights", "rollout"]
+        protos = sys.argv[7].split(",") if len(sys.argv) > 7 and mode == "fresh" else ["state", "weights", "rollout"]
         node.request(learners[0].peer_id, "acks", pack({"ids": []}), MAX_CONTROL_BYTES)  # now its daemon knows it
         got = asyncio.run(flood_many(learners[0].peer_id, seconds, ids, workers, protos))
         print(json.dumps(got), flush=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.swarm_util import last_json, read_jsonl, wait_for
+from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HELPER = str(ROOT / "tests" / "helpers" / "trust_peer.py")
@@ -79,6 +79,39 @@ def test_a_flood_of_state_and_weights_requests_leaves_the_learner_training(peers
                  "the limited streams in the learner's metrics")
     assert m[-1]["trust/limited/state"] + m[-1].get("trust/limited/weights", 0) > 0
     assert m[-1]["trust/bans"] == 0  # being limited is no ban
+    assert "Traceback" not in peers.log("learner")
+
+
+def test_forged_groups_from_fresh_ids_cost_one_spot_check_each_then_a_ban(peers, tmp_path):
+    """Well-formed groups from 3 fresh ids, sound in every way checked before the spot check (their senders' group ids,
+    the prompts assigned to them, the newest version, the rewards) but random text with made-up log-probs: a new
+    sampler's first group is spot-checked, which bans the id at once; its later streams are refused (after a pause,
+    so the flooder does not spin); the learner keeps training."""
+    maddr = peers.bootstrap()
+    out = tmp_path / "learner"
+    # forged groups name the newest version the DHT shows, a moment old: none is dropped as stale before its check
+    peers.join("learner", "learner", maddr, "train.steps=1000", "staleness.max_staleness=64", out=out)
+    peers.join("s0", "sampler", maddr)
+
+    def version() -> int:
+        return len(read_jsonl(out / "train_log.jsonl")) - 1
+
+    wait_for(lambda: version() >= 3, 180, "version 3")
+    before = version()
+    got = hostile("forged", maddr, "test", "-6", "3", "3", *FAST, timeout=240)  # 3 workers, 6 groups each
+    outcomes = got["outcomes"]
+    mismatches = outcomes.get("rejected:logprob_mismatch", 0)
+    # nothing of theirs accepted; a group answered busy (the queue share of unknown peers) is not checked
+    assert all(k in ("rejected:logprob_mismatch", "rejected:banned", "refused:banned") or k.startswith("busy:")
+               for k in outcomes), outcomes
+    assert sum(outcomes.values()) == 18 and 2 <= mismatches <= 3, outcomes  # at most one spot check per id
+
+    def banned() -> list[dict]:
+        return [line for line in read_jsonl(out / "metrics.jsonl") if line.get("trust/bans", 0) >= mismatches]
+
+    m = wait_for(banned, 60, "the bans in the learner's metrics")
+    assert m[-1]["trust/banned_peers"] == mismatches  # each spot check banned its id at once
+    wait_for(lambda: version() >= before + 3, 120, "three versions after the flood")  # it keeps training
     assert "Traceback" not in peers.log("learner")
 
 
