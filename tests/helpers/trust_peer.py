@@ -17,7 +17,7 @@
         new sampler's first groups (a forward pass), which bans the id at once; the overrides are the run's config
 
 Prints one JSON line: ``offend`` the outcome of each record in order, ``probe`` {learner short id:
-outcome}, ``flood`` outcome counts; ``fresh``, ``malformed`` and ``partial`` {"outcomes": counts,
+outcome}, ``flood`` outcome counts; ``fresh``, ``malformed``, ``partial`` and ``forged`` {"outcomes": counts,
 "t0": .., "t1": .. (wall-clock start and end of the flood, after the fresh ids' daemons started),
 "cut_s": [seconds the learner took to cut each partial header] (partial)}. An outcome is
 ``<status>:<reason>`` for an answered record, ``refused:<reason>`` for a refused stream (banned,
@@ -216,7 +216,8 @@ async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, pro
             counts[got] += 1
             n += 1
 
-    async def newest() -> None:  # forged groups name the newest version (older ones are refused as stale, cheaply)
+    async def newest() -> None:  # forged groups name the newest version (older ones are refused as stale, cheaply);
+        # a flood of a number of requests (SECONDS <= 0) keeps the version found at its start
         while time.time() < end:
             got = await asyncio.to_thread(node.latest_policy)
             if got is not None:
@@ -234,7 +235,7 @@ async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, pro
 
 
 NEWEST: list = [None]  # forged: the newest policy record found
-FORGE: dict = {}  # forged: the run's config, task, tokenizer and verifier, and each fresh id's next group counter
+FORGE: dict = {}  # forged: the run's config, task and verifier (its tokenizer), each fresh id's next group counter
 
 
 def forged_group(peer: str) -> bytes:
