@@ -1,5 +1,5 @@
 """Benchmark: a learner's training speed while hostile peers flood it: `state` and `weights` requests from one
-peer id and from many fresh ones, malformed frames, partial frame headers.
+peer id and from many fresh ones, malformed frames, partial frame headers, well-formed forged groups.
 
     python benchmarks/flood.py [--window 20] [--workers 16] [--repeats 2] [--ids 50]
                                [--floods one,fresh,malformed,partial,forged] [--references one]
