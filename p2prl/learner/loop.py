@@ -141,7 +141,8 @@ class Learner:
                 batch = self.take_batch()
                 if batch is None:
                     continue
-                r = self.rounds.step(batch, len(self.membership.others), self.latest.sha256, self.catch_up, stop)
+                r = self.rounds.step(batch, len(self.membership.others), self.latest.sha256,
+                                     lambda: self.catch_up(self.node.latest_policy()), stop)
                 if r is not None:
                     self.after_step(r, batch)
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
@@ -344,13 +345,11 @@ class Learner:
         with self.lock:  # lost groups retrained, and that on disk: their files can go
             self.ledger.checkpointed()
 
-    def catch_up(self, latest: tuple[str, PolicyRecord] | None | bool = True) -> bool:
+    def catch_up(self, latest: tuple[str, PolicyRecord] | None) -> bool:
         """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded.
-        ``latest``: the newest published (publisher, record) as found already, or True to look it up now."""
+        ``latest``: the newest published (publisher, record) found in the DHT, if any."""
         candidates = self.membership.records()
-        if latest is True:
-            latest = self.node.latest_policy()
-        if latest:
+        if latest is not None:
             candidates.append(latest)
         target = ahead_of(self.latest, candidates, self.node.peer_id)
         if target is None:
