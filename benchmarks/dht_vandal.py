@@ -4,24 +4,23 @@
                                     [--probe-timeout 60] [--probe-start fork|spawn] [--alone own_raw,plain,tie]
                                     [section.key=value ...]
 
-One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap (its own identity), a
-learner and a sampler (``SETTINGS``: the small test settings of ``flood.py``, one torch thread a peer, builtin
-policy). Once the learner has
-published 3 versions, windows of ``--window`` seconds follow: quiet, vandal, burn, ``--repeats`` times, and a last
-quiet one. A vandal window runs ``tests/helpers/vandal_peer.py`` (a DHT node of its own, joined through the
-bootstrap) with every kind of record it has: every ``--interval`` s it stores, on every DHT node it knows, under
-every key of the run (peer, policy, holders, run config and run records, the run announcements), junk under its own
-owned subkeys (random bytes, msgpack that fails the record schemas, maps instead of bytes: ``--ids`` identities
-per kind, signed, expiring at the latest time honest nodes accept), ``--fresh`` new bytes subkeys a key and round
-(the largest values and latest expirations honest nodes take for them), bytes and text subkeys expiring at the same
-instant, records for the nodes' caches, and records honest nodes must refuse (values that are no msgpack, 70 kB
-values, bytes subkeys with large values or far expirations, the learner's owned subkeys overwritten, text subkeys
-nobody owns, values without a subkey, one-year expirations); the window lasts from its first round to its last. A burn window
-is a reference: a process burns the CPU (cores busy) the vandal of the window before used, with no network at all,
-so that its slow-down is CPU contention alone. In every window a fresh sampler process starts (a fork of this
-process, which has imported what a peer imports; ``--probe-start spawn``: a new interpreter, its imports included);
-the seconds from its start to its first loaded version (its log's "loaded policy v" line) are measured (up to
-``--probe-timeout``), and it is stopped.
+One run on 127.0.0.1 (loopback-only settings, every peer its own process): a bootstrap (its own identity), a learner
+and a sampler (``SETTINGS``: the small test settings of ``flood.py``, one torch thread a peer, builtin policy). Once
+the learner has published 3 versions, windows of ``--window`` seconds follow: quiet, vandal, burn, ``--repeats``
+times, and a last quiet one. A vandal window runs ``tests/helpers/vandal_peer.py`` (a DHT node of its own, joined
+through the bootstrap) with every kind of record it has: every ``--interval`` s it stores, on every DHT node it
+knows, under every key of the run (peer, policy, holders, run config and run records, the run announcements), junk
+under its own owned subkeys (random bytes, msgpack that fails the record schemas, maps instead of bytes: ``--ids``
+identities per kind, signed, expiring at the latest time honest nodes accept), ``--fresh`` new bytes subkeys a key
+and round (the largest values and latest expirations honest nodes take for them), bytes and text subkeys expiring at
+the same instant, records for the nodes' caches, and records honest nodes must refuse (values that are no msgpack,
+70 kB values, bytes subkeys with large values or far expirations, the learner's owned subkeys overwritten, text
+subkeys nobody owns, values without a subkey, one-year expirations); the window lasts from its first round to its
+last. A burn window is a reference: a process burns the CPU (cores busy) the vandal of the window before used, with
+no network at all, so that its slow-down is CPU contention alone. In every window a fresh sampler process starts (a
+fork of this process, which has imported what a peer imports; ``--probe-start spawn``: a new interpreter, its
+imports included); the seconds from its start to its first loaded version (its log's "loaded policy v" line) are
+measured (up to ``--probe-timeout``), and it is stopped.
 
 Figures: the learner's versions/s per window (its ``metrics.jsonl``), median vandal over median quiet (target
 >= 0.7), and median burn over median quiet; the CPU each peer's processes used per window (/proc); a joining
@@ -40,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
 import subprocess
@@ -60,6 +58,9 @@ from p2prl.swarm.owned import MAX_BYTES_SUBKEYS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VANDAL = ROOT / "tests" / "helpers" / "vandal_peer.py"
+sys.path.insert(0, str(VANDAL.parent))
+from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE, proc_cpu  # noqa: E402
+
 RUN_ID = "dht_vandal"
 # one torch thread a peer, as the project's configs for several peers on one machine set (configs/math.toml): with
 # torch's default (a thread per core) the learner and the sampler oversubscribe the cores, and every burst of any other
@@ -69,7 +70,6 @@ LOADED = re.compile(r"loaded policy v(\d+)")
 ALONE = ("own_raw", "plain", "tie")  # kinds that stalled every reader before p2prl's nodes refused or ordered them
 PEERS = ("bootstrap", "learner", "sampler")  # whose CPU use is measured (/proc: Linux)
 CPU_COLUMNS = ("bootstrap", "learner", "learner DHT", "sampler", "sampler DHT")
-TICK = os.sysconf("SC_CLK_TCK")
 FIRST_ROUND = "first round at "  # the vandal's line on stderr once its first round is done (wall clock after it)
 BURN = """import sys, time
 share, seconds = min(1.0, float(sys.argv[1])), float(sys.argv[2])
@@ -182,16 +182,12 @@ class Swarm:
         leaders = {self.procs.procs[n].pid: n for n in PEERS}
         out = dict.fromkeys(CPU_COLUMNS, 0.0)
         for entry in Path("/proc").glob("[0-9]*"):
-            try:
-                stat = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-            name = leaders.get(int(stat[2]))
+            got = proc_cpu(int(entry.name))
+            name = leaders.get(got[0]) if got is not None else None
             if name is not None:
-                used = (int(stat[11]) + int(stat[12])) / TICK
-                out[name] += used
-                if int(entry.name) != int(stat[2]) and f"{name} DHT" in out:
-                    out[f"{name} DHT"] += used
+                out[name] += got[1]
+                if int(entry.name) != got[0] and f"{name} DHT" in out:
+                    out[f"{name} DHT"] += got[1]
         return time.monotonic(), out
 
     def alive(self, name: str) -> bool:
@@ -303,8 +299,6 @@ def main() -> None:
                     help="joining samplers: forks of this process (its imports done) or new interpreters")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    sys.path.insert(0, str(VANDAL.parent))
-    from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE
 
     alone = [k for k in a.alone.split(",") if k]
     if not set(alone) <= set(KINDS):

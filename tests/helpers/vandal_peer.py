@@ -89,16 +89,19 @@ ROUND_TIMEOUT_S = 30.0  # a whole round, as the main process waits for it
 FIRST_ROUND = "first round at "  # on stderr once the first round is done, with the wall clock
 
 
+def proc_cpu(pid: int) -> tuple[int, float] | None:
+    """(process group, CPU seconds used so far: user and system) of the live process ``pid``, from /proc (Linux);
+    None when it is gone, or elsewhere."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(stat[2]), (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_s(pids: list[int]) -> float:
-    """CPU seconds (user and system) the live processes ``pids`` used so far, from /proc (Linux; elsewhere 0)."""
-    total = 0.0
-    for pid in pids:
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
-    return total
+    """CPU seconds (user and system) the live processes ``pids`` used so far (``proc_cpu``; elsewhere 0)."""
+    return sum(got[1] for got in map(proc_cpu, pids) if got is not None)
 
 
 def schema_junk(name: str, rng: random.Random) -> bytes:

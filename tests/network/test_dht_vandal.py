@@ -3,8 +3,8 @@
 A learner trains with one sampler; then the vandal (tests/helpers/vandal_peer.py, every kind it has) floods every
 key of the run on every DHT node, every half second: junk under its own owned subkeys (signed: honest nodes store
 it), new bytes subkeys, bytes and text subkeys expiring at the same instant, records for the nodes' caches, and
-stores honest nodes must refuse (values that are no msgpack, the learner's owned subkeys overwritten, text subkeys
-nobody owns, values without a subkey, one-year expirations). While it floods, a second sampler joins: it must load
+stores honest nodes must refuse (values that are no msgpack, values over the bounds, the learner's owned subkeys
+overwritten, text subkeys nobody owns, values without a subkey, one-year expirations). While it floods, a second sampler joins: it must load
 a version and get groups trained, and the learner must keep training. Every store of the kinds that must be
 refused was refused by every node that answered, and `p2prl status` still lists the learner and its newest version.
 """
