@@ -46,6 +46,7 @@ MAX_AGE_S = 7 * 24 * 3600.0  # a peer not seen for a week is dropped: a restart 
 DIAL_TIMEOUT_S = 5.0  # one peer: connect, then a DHT ping
 DIAL_PARALLEL = 16
 DIAL_BUDGET_S = 20.0  # the whole round, so that a book of dead peers cannot hold up a stop or a status line
+LIST_TIMEOUT_S = 5.0  # the keeper's question to its own p2pd (a local call; the DHT's process may be busy)
 
 
 @dataclass(frozen=True)
@@ -280,8 +281,14 @@ def known_initial_peers(net, path: str) -> list[str]:
     return peers
 
 
-async def _seen(_dht, node) -> list[KnownPeer]:
-    return await seen_peers(node)
+async def _seen(_dht, node) -> list[KnownPeer] | None:
+    """``seen_peers`` in the DHT's process; None when its p2pd did not answer (at shutdown p2pd goes first: an
+    exception raised here would land in the peer's log as hivemind's "Caught an exception" traceback)."""
+    try:
+        return await seen_peers(node)
+    except Exception as e:
+        log.debug("peers file: p2pd did not list its peers: %s: %s", type(e).__name__, e)
+        return None
 
 
 class Keeper:
@@ -309,9 +316,11 @@ class Keeper:
         if dht is None:
             return
         try:
-            seen = dht.run_coroutine(_seen, return_future=True).result(timeout=DIAL_TIMEOUT_S * 2)
+            seen = dht.run_coroutine(_seen, return_future=True).result(timeout=LIST_TIMEOUT_S)
         except Exception as e:  # the DHT stopping or restarting: the next round, or the book as it was
             log.debug("peers file: no peers read: %s: %s", type(e).__name__, e)
+            return
+        if seen is None:
             return
         self.book = merge(self.book, seen, time.time(), exclude=dht.peer_id.to_base58())
         if not self.book:
@@ -329,5 +338,6 @@ class Keeper:
         if not self.path:
             return
         self.stop.set()
-        self.thread.join(timeout=DIAL_BUDGET_S)
-        self.save()
+        self.thread.join(timeout=LIST_TIMEOUT_S + 1)
+        if not self.thread.is_alive():  # else its write, still waiting, is the last one: a stop waits no longer
+            self.save()

@@ -1,6 +1,7 @@
 """Learners and samplers keep a peers file too (swarm/peerbook.py): where it is, which of its peers are dialled at
 start besides the initial peers, and the keeper that writes it while the peer runs."""
 
+import asyncio
 import concurrent.futures
 import logging
 from types import SimpleNamespace
@@ -80,3 +81,18 @@ def test_keeper_writes_the_peers_seen_and_once_more_at_close(tmp_path):
     keeper = peerbook.Keeper("", lambda: dht["now"])  # no book: no thread, nothing written
     keeper.close()
     assert not keeper.thread.is_alive()
+
+
+def test_a_stopped_p2pd_reads_as_no_peers_and_leaves_the_book_alone(tmp_path):
+    """At shutdown p2pd stops before the DHT's process: the keeper's question then gets None, not an exception
+    (hivemind logs an exception of a coroutine it runs with the whole traceback), and nothing is written."""
+    async def gone():
+        raise FileNotFoundError(2, "No such file or directory")
+
+    node = SimpleNamespace(protocol=SimpleNamespace(routing_table=SimpleNamespace(uid_to_peer_id={})),
+                           p2p=SimpleNamespace(_client=SimpleNamespace(list_peers=gone)))
+    assert asyncio.run(peerbook._seen(None, node)) is None
+    path = tmp_path / "s.peers.json"
+    keeper = peerbook.Keeper(str(path), lambda: _FakeDHT(None), first_s=3600, period_s=3600)
+    keeper.close()
+    assert not path.exists()
