@@ -64,6 +64,7 @@ import os
 import random
 import secrets
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -343,6 +344,18 @@ async def flood_round(params: dict, dht, node) -> dict:
 
 
 # ---- the vandal's own process --------------------------------------------------------------------------
+def round_result(fut, stop: threading.Event) -> dict:
+    """A round's outcome, waited for at most ``ROUND_TIMEOUT_S`` (TimeoutError), or until ``stop`` (TimeoutError at
+    once: a round can wait on nodes that do not answer for longer than a stop may take)."""
+    deadline = time.monotonic() + ROUND_TIMEOUT_S
+    while True:
+        try:
+            return fut.result(timeout=0.2)
+        except TimeoutError:
+            if stop.is_set() or time.monotonic() > deadline:
+                raise
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("maddr")
@@ -377,9 +390,11 @@ def main() -> None:
             started = time.monotonic()
             fut = dht.run_coroutine(functools.partial(flood_round, params), return_future=True)
             try:
-                got = fut.result(timeout=ROUND_TIMEOUT_S)
+                got = round_result(fut, stop)
             except Exception as e:
                 fut.cancel()
+                if stop.is_set():  # a round cut short by the stop is no failed round
+                    break
                 failed += 1
                 log.warning("a round failed: %s: %s", type(e).__name__, e)
                 continue
