@@ -476,8 +476,10 @@ class Sampler:
             shown.close(self.snapshot())
         self.view = View(dict(self.outbox.counts), len(self.outbox), self.outbox.unread())
         self.wake.set()  # the sync thread waits for it, or for net.poll_s
+        # both watch `stop` in every wait (their DHT and stream calls give up on it): one shared bound, not one each
+        deadline = time.monotonic() + self.cfg.net.rpc_timeout_s + 1
         for t in threads:
-            t.join(timeout=self.cfg.net.rpc_timeout_s + 1)
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
 
     def generate(self, stop: threading.Event, shown: SamplerProgress) -> None:
         """The loop: load what the sync thread fetched, handle replies, send, generate; until ``stop``."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import functools
 import ipaddress
 import logging
@@ -66,18 +67,24 @@ def dht_kwargs(
     return kw
 
 
+SLOW_STOP_S = 25.0  # a peer still stopping this long after a signal prints every thread's stack (stderr)
+
+
 def stop_on_signals() -> threading.Event:
     """An event set by SIGINT / SIGTERM, for a role's main loop.
 
     hivemind's DHT process is forked later and inherits the handler; there it ignores the
     signal, because a DHT process dying mid-start-up leaves ``hivemind.DHT()`` waiting for
-    ever. The parent stops it with ``shutdown_dht``.
+    ever. The parent stops it with ``shutdown_dht``. A peer still running ``SLOW_STOP_S`` after the signal prints
+    every thread's stack to stderr (``faulthandler``): whatever holds its stop up.
     """
     stop, pid = threading.Event(), os.getpid()
 
     def handler(signum, _frame):
         if os.getpid() == pid:
             log.info("caught %s, shutting down", signal.Signals(signum).name)
+            if not stop.is_set():  # a stop that takes this long is a defect: what each thread waits on, for its report
+                faulthandler.dump_traceback_later(SLOW_STOP_S)
             stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
