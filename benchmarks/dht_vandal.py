@@ -62,10 +62,7 @@ sys.path.insert(0, str(VANDAL.parent))
 from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE, proc_cpu  # noqa: E402
 
 RUN_ID = "dht_vandal"
-# one torch thread a peer, as the project's configs for several peers on one machine set (configs/math.toml): with
-# torch's default (a thread per core) the learner and the sampler oversubscribe the cores, and every burst of any other
-# process (the vandal's, and the DHT work it causes) stalls both peers' threads at their synchronisation points
-SETTINGS = [f"net.run_id={RUN_ID}" if s.startswith("net.run_id=") else s for s in FLOOD_SETTINGS] + ["train.threads=1"]
+SETTINGS = [f"net.run_id={RUN_ID}" if s.startswith("net.run_id=") else s for s in FLOOD_SETTINGS]
 LOADED = re.compile(r"loaded policy v(\d+)")
 ALONE = ("own_raw", "plain", "tie")  # kinds that stalled every reader before p2prl's nodes refused or ordered them
 PEERS = ("bootstrap", "learner", "sampler")  # whose CPU use is measured (/proc: Linux)

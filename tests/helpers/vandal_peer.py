@@ -100,6 +100,16 @@ def proc_cpu(pid: int) -> tuple[int, float] | None:
     return int(stat[2]), (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def group_cpu_s() -> dict[int, float]:
+    """CPU seconds (user and system) the live processes of each process group used so far (``proc_cpu``)."""
+    out: dict[int, float] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        got = proc_cpu(int(entry.name))
+        if got is not None:
+            out[got[0]] = out.get(got[0], 0.0) + got[1]
+    return out
+
+
 def cpu_s(pids: list[int]) -> float:
     """CPU seconds (user and system) the live processes ``pids`` used so far (``proc_cpu``; elsewhere 0)."""
     return sum(got[1] for got in map(proc_cpu, pids) if got is not None)
