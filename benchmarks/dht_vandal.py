@@ -59,7 +59,7 @@ from p2prl.swarm.owned import MAX_BYTES_SUBKEYS  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 VANDAL = ROOT / "tests" / "helpers" / "vandal_peer.py"
 sys.path.insert(0, str(VANDAL.parent))
-from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE, proc_cpu  # noqa: E402
+from vandal_peer import CAPPED, KINDS, SHOULD_REFUSE, group_cpu_s, proc_cpu  # noqa: E402
 
 RUN_ID = "dht_vandal"
 SETTINGS = [f"net.run_id={RUN_ID}" if s.startswith("net.run_id=") else s for s in FLOOD_SETTINGS]
@@ -176,15 +176,14 @@ class Swarm:
     def cpu(self) -> tuple[float, dict[str, float]]:
         """(monotonic time, CPU seconds each of the swarm's peers used so far: its process group's live processes;
         ``<peer> DHT``: of them, those other than the peer's own, its DHT process and p2pd)."""
-        leaders = {self.procs.procs[n].pid: n for n in PEERS}
+        groups = group_cpu_s()
         out = dict.fromkeys(CPU_COLUMNS, 0.0)
-        for entry in Path("/proc").glob("[0-9]*"):
-            got = proc_cpu(int(entry.name))
-            name = leaders.get(got[0]) if got is not None else None
-            if name is not None:
-                out[name] += got[1]
-                if int(entry.name) != got[0] and f"{name} DHT" in out:
-                    out[f"{name} DHT"] += got[1]
+        for name in PEERS:
+            leader = self.procs.procs[name].pid  # its process group's id
+            out[name] = groups.get(leader, 0.0)
+            if f"{name} DHT" in out:
+                own = proc_cpu(leader)
+                out[f"{name} DHT"] = out[name] - (own[1] if own is not None else 0.0)
         return time.monotonic(), out
 
     def alive(self, name: str) -> bool:
