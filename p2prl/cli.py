@@ -15,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 from p2prl import __version__
+from p2prl.algo.objectives import OBJECTIVES
 from p2prl.experiments import grid, latency, network
 
 CONFIG_EPILOG = (
@@ -22,7 +23,7 @@ CONFIG_EPILOG = (
     "  model     the policy: a local Hugging Face folder, device, dtype\n"
     "  task      the problems and their reward (addition, math, module:Class)\n"
     "  sampling  group size, temperature, top-k / top-p, completion length\n"
-    "  algo      objective (gepo, gspo, grpo) and its clip / KL / scope settings\n"
+    f"  algo      objective ({', '.join(OBJECTIVES)}) and its clip / KL / scope settings\n"
     "  train     steps, groups per step, learning rate, evaluation, checkpoints, out_dir\n"
     "  staleness the learner's window and the simulated sync delay\n"
     "  net       run id, bootstrap peers, addresses, timeouts\n"
@@ -58,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
         "goes to <train.out_dir>/summary.json (--json prints it instead) and a plot to <train.out_dir>/progress.png.",
         epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    tr.add_argument("--algo", choices=["gepo", "gspo", "grpo"], help="objective (overrides algo.name)")
+    tr.add_argument("--algo", choices=list(OBJECTIVES), help="objective (overrides algo.name)")
     tr.add_argument("--fresh", action="store_true", help="ignore and replace an existing checkpoint in train.out_dir")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar (metrics still go to metrics.jsonl)")
     tr.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
@@ -271,7 +272,7 @@ def _add_experiment_parsers(sub) -> None:
     lat.add_argument("--out", default=None,
                      help=f"output folder (default {latency.DEFAULT_OUT}, or {latency.QUICK_OUT} with --quick)")
     lat.add_argument("--algos", nargs="+", choices=grid.ALGOS, default=list(grid.ALGOS),
-                     help="algorithms (default: all three)")
+                     help="algorithms (default: all)")
     lat.add_argument("--delays", nargs="+", type=int, default=None, metavar="D",
                      help=f"maximum delays in policy versions (default {' '.join(map(str, latency.DELAYS))})")
     lat.add_argument("--seeds", type=int, default=None, help="seeds per (algo, delay), 0..N-1 (default 3)")
@@ -307,7 +308,7 @@ def _add_experiment_parsers(sub) -> None:
     net.add_argument("--out", default=None,
                      help=f"output folder (default {network.DEFAULT_OUT}, or {network.QUICK_OUT} with --quick)")
     net.add_argument("--algos", nargs="+", choices=grid.ALGOS, default=None,
-                     help="algorithms (default: all three; gepo with --quick)")
+                     help="algorithms (default: all; gepo with --quick)")
     net.add_argument("--rtts", nargs="+", type=int, default=None, metavar="MS",
                      help=f"maximum sampler RTTs in ms (default {' '.join(map(str, network.RTTS_MS))}; "
                      f"{' '.join(map(str, network.QUICK_RTTS_MS))} with --quick)")

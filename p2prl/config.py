@@ -12,10 +12,16 @@ import os
 import shutil
 import tomllib
 import typing
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, ValidationError, create_model, model_validator
+from pydantic_core import core_schema
+
+from p2prl.algo.objectives import OBJECTIVES, Objective
+from p2prl.rollout.admission import RULES
 
 
 class _Section(BaseModel):
@@ -109,34 +115,62 @@ class SamplingConfig(_Section):
     """vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."""
 
 
-class AlgoConfig(_Section):
-    name: Literal["gepo", "gspo", "grpo"] = Field("gepo")
-    """Policy objective (GEPO: arXiv 2508.17850)."""
+@dataclass(frozen=True)
+class OneOf:
+    """A str field's bound (``Annotated`` metadata): a name in ``registry``, looked up when a value is validated, so
+    names registered after this module was imported count too."""
+
+    registry: Mapping[str, object]
+    what: str
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> core_schema.CoreSchema:
+        return core_schema.no_info_after_validator_function(self.check, handler(source))
+
+    def check(self, value: str) -> str:
+        if value not in self.registry:
+            raise ValueError(f"unknown {self.what} {value!r}; one of {' | '.join(self.registry)}")
+        return value
+
+
+class AlgoSettings(_Section):
+    """The ``algo`` keys every objective shares; ``AlgoConfig`` adds each registered objective's own."""
+
+    name: Annotated[str, OneOf(OBJECTIVES, "objective")] = Field("gepo")
+    """Policy objective (GEPO: arXiv 2508.17850), one of those registered in p2prl/algo/objectives.py."""
     eps: float = Field(0.2, gt=0.0, le=10.0)
     """Clip range of GRPO's token ratio and GEPO's weight."""
-    gspo_eps_low: float = Field(3e-4, gt=0.0, le=10.0)
-    """GSPO lower clip (GSPO paper: 3e-4)."""
-    gspo_eps_high: float = Field(4e-4, gt=0.0, le=10.0)
-    """GSPO upper clip (GSPO paper: 4e-4)."""
-    scope: Literal["group", "batch"] = Field("group")
-    """GEPO denominator over one prompt's G completions (paper) or over each shuffled chunk of batch_rows rows of the
-    step (authors' code)."""
     beta_kl: float = Field(0.0, ge=0.0, le=10.0)
     """Weight of the k3 KL toward the sampler, added to every objective (HeteroRL runs: 0.005)."""
-    gepo_variant: Literal["standard", "plus"] = Field("standard")
-    """GEPO as in the paper, or 'plus' (authors' code): a sequence whose per-token mean k3 is below plus_k3 uses its own
-    q instead of the group expectation."""
-    plus_k3: float = Field(0.002, ge=0.0, le=10.0)
-    """k3 threshold of gepo_variant 'plus' (authors' code: 0.002)."""
-    batch_rows: int = Field(8, ge=1, le=65_536)
-    """scope=batch: a step's rows are shuffled and GEPO's denominator is taken over each chunk of this many rows (the
-    authors' code: 8)."""
     scale_std: bool | None = Field(None)
-    """Divide advantages by the group std; default: on for GRPO/GSPO, off for GEPO (as in the paper)."""
+    """Divide advantages by the group std; default: the objective's (off for GEPO, as in the paper; on for GRPO and
+    GSPO)."""
 
     @property
     def std_scaling(self) -> bool:
-        return self.scale_std if self.scale_std is not None else self.name != "gepo"
+        return self.scale_std if self.scale_std is not None else OBJECTIVES[self.name].scale_std
+
+    def objective(self) -> Objective:
+        """The objective ``name`` on this section."""
+        return OBJECTIVES[self.name](self)
+
+
+def _objective_fields() -> dict[str, tuple[Any, Any]]:
+    """Every registered objective's own ``algo`` keys as pydantic fields; one key declared twice is a programming
+    error."""
+    fields: dict[str, tuple[Any, Any]] = {}
+    for objective in OBJECTIVES.values():
+        for key, s in objective.fields.items():
+            if key in fields or key in AlgoSettings.model_fields:
+                raise TypeError(f"objective {objective.name!r} declares algo.{key}, which is declared already")
+            fields[key] = (s.type, Field(s.default, description=s.description, **s.bounds))
+    return fields
+
+
+AlgoConfig = create_model(
+    "AlgoConfig", __base__=AlgoSettings, __module__=__name__, **_objective_fields(),
+    __doc__="The objective and its settings: the shared keys and each registered objective's own (its ``fields``); "
+            "an objective reads the keys it uses.",
+)
 
 
 class TrainConfig(_Section):
@@ -183,7 +217,7 @@ class TrainConfig(_Section):
 class StalenessConfig(_Section):
     max_staleness: int = Field(8, ge=0, le=1_000_000)
     """Learner's window: rollouts older than this many versions are dropped (paper's max_diff_step)."""
-    rule: Literal["paper", "authors"] = Field("paper")
+    rule: Annotated[str, OneOf(RULES, "admission rule")] = Field("paper")
     """Admission window and pick: 'paper' (window behind the learner's version; newest data when new data arrived, else
     the oldest in the window) or 'authors' (the authors' code: window behind the newest version trained on; a version
     newer than any trained on, else the earliest-arrived data in the window; wait while the newest data is more than
@@ -656,6 +690,9 @@ def usable_file(path: str | Path, key: str, *, read_only_if_exists: bool = False
 def _bound(field) -> str:
     """The allowed values of a field, in words: choices, a range, a pattern."""
     args = typing.get_args(field.annotation)
+    one_of = next((m for m in field.metadata if isinstance(m, OneOf)), None)
+    if one_of is not None:
+        return " | ".join(one_of.registry)
     if typing.get_origin(field.annotation) is Literal:
         return " | ".join(map(str, args))
     parts = []

@@ -98,7 +98,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         m["policy/sampler_version"] = sampler.version
         sink.log(v, m)
         bar.update(1)
-        bar.set_postfix_str(progress_line(m, acc))
+        bar.set_postfix_str(progress_line(m, acc, learner.objective))
         if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
             save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
                 "version": v, "cursor": cursor, "groups_made": sampler.groups_made,

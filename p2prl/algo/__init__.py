@@ -2,7 +2,9 @@
 
     from p2prl.algo import group_advantages, grpo_loss, gspo_loss, gepo_loss
 
-Pure torch functions, no I/O. ``LOSSES`` maps "grpo"/"gspo"/"gepo" to the loss.
+Pure torch functions, no I/O. ``OBJECTIVES`` (``p2prl.algo.objectives``) maps each objective's name to its
+class: its loss and what the learner, the spot check and the config ask of it. Importing this package imports no
+torch (the CLI reads the objectives' names before it does); the functions below are loaded when first used.
 
 How this departs from the paper (arXiv 2508.17850) and the authors' code:
 
@@ -22,34 +24,28 @@ How this departs from the paper (arXiv 2508.17850) and the authors' code:
   toward the sampler, mean over sequences of the per-token mean; their runs
   add it to GRPO and GSPO too), and ``GepoOptions(variant="plus")``
   ("gepo+": a sequence whose k3 is below ``plus_k3`` uses its own q instead of
-  the group expectation). ``loss_kwargs(algo, G)`` builds each loss's keyword
-  arguments from a config section.
+  the group expectation). Each objective builds its loss's keyword arguments
+  from the ``algo`` config section.
 - ``group_advantages`` uses the unbiased (n-1) group std, like TRL's GRPO;
   the spec does not say which. GEPO runs should pass ``scale_std=False``.
 - Inputs below float32 are computed in float32; the loss is a mean over
   sequences of per-sequence token means (spec), not a mean over all tokens.
 """
 
-from p2prl.algo.advantages import group_advantages
-from p2prl.algo.losses import (
-    LOSSES,
-    GepoOptions,
-    gepo_log_denominator,
-    gepo_loss,
-    gepo_weights,
-    grpo_loss,
-    gspo_loss,
-    loss_kwargs,
-)
+import importlib
 
-__all__ = [
-    "LOSSES",
-    "GepoOptions",
-    "gepo_log_denominator",
-    "gepo_loss",
-    "gepo_weights",
-    "group_advantages",
-    "grpo_loss",
-    "gspo_loss",
-    "loss_kwargs",
-]
+from p2prl.algo.objectives import OBJECTIVES, Objective
+
+_WHERE = {
+    "group_advantages": "advantages",
+    **{name: "losses" for name in ("GepoOptions", "gepo_log_denominator", "gepo_loss", "gepo_weights", "grpo_loss",
+                                   "gspo_loss")},
+}
+
+__all__ = ["OBJECTIVES", "Objective", *sorted(_WHERE)]
+
+
+def __getattr__(name: str):
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"p2prl.algo.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

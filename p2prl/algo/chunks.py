@@ -54,8 +54,9 @@ def pack_units(
 def merge_metrics(parts: list[tuple[dict[str, float], float, float]]) -> dict[str, float]:
     """One loss's metrics over disjoint pieces, from ``(metrics, rows, tokens)`` per piece.
 
-    Means are weighted by rows (by masked tokens for GRPO's ``TOKEN_WEIGHTED`` keys, given
-    ``tokens`` > 0; pass 0 for the other objectives); a ``<x>_var`` key with a ``<x>_mean``
+    Means are weighted by rows (by masked tokens for the ``TOKEN_WEIGHTED`` keys, given
+    ``tokens`` > 0: pass them for an objective whose weights are per token, GRPO's
+    ``token_weighted``, else 0); a ``<x>_var`` key with a ``<x>_mean``
     partner is pooled exactly (population variance). One piece is returned unchanged.
     """
     if len(parts) == 1:

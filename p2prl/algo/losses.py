@@ -26,8 +26,8 @@ with ``variant="plus"`` also ``plus_own_frac`` (share of rows using their own q)
 Every loss takes a keyword-only ``beta_kl``: ``loss = pg_loss + beta_kl * kl_k3``
 (the k3 term with gradient; the HeteroRL runs add it to every objective with
 0.005). GRPO and GSPO take their clip ranges as arguments, GEPO its options as
-one ``GepoOptions``. ``loss_kwargs(algo, group_size)`` builds the keyword
-arguments of ``LOSSES[algo.name]`` from a config section.
+one ``GepoOptions``. Each objective of ``p2prl.algo.objectives`` builds the
+keyword arguments of its loss from the ``algo`` config section.
 
 Numerics: inputs in a precision below float32 are upcast to float32; all
 sequence quantities are length-normalised sums in log space, so 4096-token
@@ -398,25 +398,3 @@ def gepo_loss(
     if options.variant == "plus":
         metrics["plus_own_frac"] = float(own.float().mean())
     return loss, metrics
-
-
-LOSSES = {"grpo": grpo_loss, "gspo": gspo_loss, "gepo": gepo_loss}
-
-# The keyword arguments of each objective, from a config section (read by attribute).
-_KWARGS = {
-    "grpo": lambda a, G: {"eps": a.eps},
-    "gspo": lambda a, G: {"eps_low": a.gspo_eps_low, "eps_high": a.gspo_eps_high},
-    "gepo": lambda a, G: {
-        "options": GepoOptions(G, eps=a.eps, scope=a.scope, variant=a.gepo_variant, plus_k3=a.plus_k3)
-    },
-}
-
-
-def loss_kwargs(algo, group_size: int) -> dict:
-    """Keyword arguments of ``LOSSES[algo.name]`` for an object with the fields of the
-    ``algo`` config section (``name``, ``eps``, ``gspo_eps_low``, ``gspo_eps_high``,
-    ``scope``, ``gepo_variant``, ``plus_k3``, ``beta_kl``); ``beta_kl`` goes to every
-    objective. ``group_size``: G, the completions per prompt in the batch."""
-    if algo.name not in _KWARGS:
-        raise ValueError(f"unknown objective {algo.name!r}; expected one of {tuple(LOSSES)}")
-    return {**_KWARGS[algo.name](algo, group_size), "beta_kl": algo.beta_kl}

@@ -18,8 +18,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ALGOS = ("grpo", "gspo", "gepo")
-COLORS = {"grpo": "tab:blue", "gspo": "tab:orange", "gepo": "tab:green"}
+from p2prl.algo.objectives import OBJECTIVES
+
+ALGOS = tuple(OBJECTIVES)  # every registered objective, in registration order
+COLORS = {"grpo": "tab:blue", "gspo": "tab:orange", "gepo": "tab:green"}  # others: matplotlib's next color
 
 
 @dataclass(frozen=True)

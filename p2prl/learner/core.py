@@ -15,9 +15,10 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
-from p2prl.algo import LOSSES, group_advantages, loss_kwargs
+from p2prl.algo import group_advantages
 from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
 from p2prl.algo.mismatch import logprob_mismatch
+from p2prl.algo.objectives import Objective
 from p2prl.learner.checkpoint import load_checkpoint_policy, load_optimizer, read_state
 from p2prl.config import Config, TrainConfig
 from p2prl.policy import Policy, load_policy, sequence_logprobs
@@ -75,6 +76,7 @@ class LearnerCore:
 
     def __init__(self, policy: Policy, cfg: Config):
         self.policy, self.cfg = policy, cfg
+        self.objective = cfg.algo.objective()
         self.version = 0
         t = cfg.train
         # what is trained, exchanged and stepped: every parameter, or a LoRA policy's adapters
@@ -89,25 +91,26 @@ class LearnerCore:
     def loss(self, logp: torch.Tensor, batch: dict[str, torch.Tensor], G: int) -> tuple[torch.Tensor, dict[str, float]]:
         """The objective on rows whose learner log-probs are ``logp`` (B, T); ``batch`` holds their
         logq, mask and advantages. G: the rows' group size (GEPO scope "batch": the rows the denominator spans)."""
-        a = self.cfg.algo
-        return LOSSES[a.name](logp, batch["logq"], batch["mask"], batch["adv"], **loss_kwargs(a, G))
+        return self.objective.loss(logp, batch["logq"], batch["mask"], batch["adv"], G)
 
     def gradient(self, groups: list[RolloutGroup]) -> tuple[torch.Tensor, dict[str, float]]:
         """The flat mean gradient of the loss on ``groups`` (over ``self.params`` in order, float32, cpu).
 
-        The loss is taken per group or, for GEPO with scope "batch", per chunk of ``algo.batch_rows``
-        rows of the step shuffled (seeded by the version): each chunk is its own denominator, as in
-        the authors' code. With ``train.micro_batch_tokens`` the step runs in micro-batches of whole
-        groups / chunks, each loss weighted by its share of rows, so the gradient is the one-pass one.
+        The loss is taken per group or, where the objective chunks (GEPO with scope "batch": chunks of
+        ``algo.batch_rows`` rows), per chunk of the step's rows shuffled (seeded by the version): each
+        chunk is its own denominator, as in the authors' code. With ``train.micro_batch_tokens`` the
+        step runs in micro-batches of whole groups / chunks, each loss weighted by its share of rows,
+        so the gradient is the one-pass one.
         """
         a, s, model = self.cfg.algo, self.cfg.sampling, self.policy.model
+        chunk_rows = self.objective.chunk_rows()
         G = groups[0].group_size
         rows = group_rows(groups)
         rewards = torch.from_numpy(np.concatenate([g.rewards for g in groups]).astype(np.float32))
         adv = group_advantages(rewards, G, a.std_scaling)  # (B,), per group, before any shuffle
-        chunked = a.name == "gepo" and a.scope == "batch"
+        chunked = chunk_rows > 0
         if chunked:
-            units = shuffled_chunks(len(rows), a.batch_rows, seed=self.cfg.train.seed * 1_000_003 + self.version)
+            units = shuffled_chunks(len(rows), chunk_rows, seed=self.cfg.train.seed * 1_000_003 + self.version)
         else:
             units = [list(range(i, i + G)) for i in range(0, len(rows), G)]
         micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows],
@@ -134,7 +137,7 @@ class LearnerCore:
                 sub = {k: batch[k][sl] for k in ("logq", "mask", "adv")}
                 loss, m = self.loss(logp[sl], sub, len(piece) if chunked else G)
                 total = total + loss * (len(piece) / len(rows))
-                parts.append((m, len(piece), float(sub["mask"].sum()) if a.name == "grpo" else 0.0))
+                parts.append((m, len(piece), float(sub["mask"].sum()) if self.objective.token_weighted else 0.0))
             total.backward()
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         self.optimizer.zero_grad(set_to_none=True)
@@ -216,7 +219,7 @@ def resume_learner(cfg: Config, out: Path) -> tuple[LearnerCore, dict]:
     return core, state
 
 
-def progress_line(m: dict[str, float], acc: float) -> str:
-    """The progress-bar summary of one learner step."""
-    return (f"v{m['policy/version']} reward {m['rollout/reward']:.2f} acc {acc:.3f} kl {m['loss/kl_k3']:.2e} "
-            f"wvar {m['loss/is_weight_var']:.2e} lag {m['rollout/lag_mean']:.1f}")
+def progress_line(m: dict[str, float], acc: float, objective: Objective) -> str:
+    """The progress-bar summary of one learner step, with the metrics ``objective`` shows."""
+    return (f"v{m['policy/version']} reward {m['rollout/reward']:.2f} acc {acc:.3f} {objective.progress(m)} "
+            f"lag {m['rollout/lag_mean']:.1f}")

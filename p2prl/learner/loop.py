@@ -274,7 +274,8 @@ class Learner:
         self.sink.log(v, m)
         self.bar.update(v - self.bar.n)
         if batch:
-            self.bar.set_postfix_str(f"{progress_line(m, self.acc)} queue {m['admission/queue_depth']} "
+            self.bar.set_postfix_str(f"{progress_line(m, self.acc, self.core.objective)} "
+                                     f"queue {m['admission/queue_depth']} "
                                      f"learners {r.learners}")
 
     def counters(self) -> LearnerReport:

@@ -46,6 +46,7 @@ from p2prl.config import Config
 from p2prl.algo.mismatch import freedman_test, mode_sums, mode_test, sampling_sums
 from p2prl.policy.model import SAMPLING_CLIP, left_pad, sampling_stats
 from p2prl.policy.weights import load_weights
+from p2prl.rollout.admission import RULES
 from p2prl.rollout.record import RecordError, RolloutGroup
 
 log = logging.getLogger("p2prl.learner.spotcheck")
@@ -79,8 +80,7 @@ def versions_needed(cfg: Config) -> int:
     """Versions whose weights a learner keeps for checks: ``trust.spot_check_versions``, or the staleness window."""
     if cfg.trust.spot_check_versions:
         return cfg.trust.spot_check_versions
-    s = cfg.staleness.max_staleness
-    return (2 * s if cfg.staleness.rule == "authors" else s) + 1
+    return RULES[cfg.staleness.rule].trained_lag(cfg.staleness.max_staleness) + 1
 
 
 def learner_salt(folder: Path) -> bytes:
@@ -171,7 +171,7 @@ class SpotChecker:
         self.max_passed = 0.0  # largest deviation of a group that passed: the honest margin, seen from here
         self.max_z_passed = 0.0  # largest |z| of a group that passed the sampling tests
         self.windows = SamplingWindows(t.sampling_window)
-        eps = {"gspo": cfg.algo.gspo_eps_high}.get(cfg.algo.name, cfg.algo.eps)
+        eps = cfg.algo.objective().clip_eps()
         if self.fraction > 0 and self.tolerance >= math.log1p(eps):
             log.warning("trust.spot_check_tolerance=%.3g is at least log(1 + %g) = %.3g (the %s clip): a forgery "
                         "that puts weights at the clip boundary passes a check", self.tolerance, eps, math.log1p(eps),

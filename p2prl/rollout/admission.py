@@ -1,6 +1,6 @@
 """The learner's admission buffer: staleness window and selection rule.
 
-Two rules (``rule``), both from HeteroRL (arXiv 2508.17850):
+Two rules (``rule``, registered by name in ``RULES``), both from HeteroRL (arXiv 2508.17850):
 
 ``"paper"`` (default), the rule as the paper's text states it:
 
@@ -32,31 +32,130 @@ from __future__ import annotations
 
 from collections import Counter
 from itertools import count
-from typing import Callable
+from typing import Callable, ClassVar
 
 from p2prl.rollout.record import RecordError, RolloutGroup
 
-RULES = ("paper", "authors")
+RULES: dict[str, type[AdmissionRule]] = {}
+"""Every admission rule by name (``staleness.rule``'s choices)."""
+
+
+def register(cls: type[AdmissionRule]) -> type[AdmissionRule]:
+    """Class decorator: add ``cls`` to ``RULES`` under ``cls.name``."""
+    if cls.name in RULES:
+        raise ValueError(f"admission rule {cls.name!r} is registered twice")
+    RULES[cls.name] = cls
+    return cls
+
+
+class AdmissionRule:
+    """An admission buffer's window and pick; one instance per buffer (a rule may keep state)."""
+
+    name: ClassVar[str]
+
+    @staticmethod
+    def trained_lag(max_staleness: int) -> int:
+        """The most versions a trained group can lag the learner."""
+        return max_staleness
+
+    def floor(self, learner_version: int, max_staleness: int) -> int | None:
+        """Oldest version inside the window (None: no floor yet)."""
+        raise NotImplementedError
+
+    def anchor(self, learner_version: int) -> str:
+        """What the window hangs from, for a stale group's rejection."""
+        raise NotImplementedError
+
+    def pick(self, pending: list[RolloutGroup], k: int, learner_version: int, max_staleness: int,
+             arrival: dict[str, int], new_since_pick: bool) -> tuple[list[RolloutGroup], list[RolloutGroup]] | None:
+        """``(taken, rest)``: ``k`` groups of ``pending`` (none when ``k`` is 0) and the others, or None to wait.
+        ``arrival``: each pending group's arrival ticket; ``new_since_pick``: whether groups arrived since the last
+        pick."""
+        raise NotImplementedError
+
+    def put_back(self) -> None:
+        """The last pick was put back, not trained."""
+
+
+@register
+class PaperRule(AdmissionRule):
+    """The paper's text: the window is behind the learner's version; newest data first when new data arrived since
+    the last pick, else the oldest in the window."""
+
+    name = "paper"
+
+    def floor(self, learner_version: int, max_staleness: int) -> int | None:
+        return learner_version - max_staleness
+
+    def anchor(self, learner_version: int) -> str:
+        return f"v{learner_version}"
+
+    def pick(self, pending, k, learner_version, max_staleness, arrival, new_since_pick):
+        # stable sort: within a version, arrival order is kept
+        order = sorted(pending, key=lambda g: g.policy_version, reverse=new_since_pick)
+        return order[:k], order[k:]
+
+
+@register
+class AuthorsRule(AdmissionRule):
+    """The authors' code: the window is behind the newest version trained on (``newest_trained``); a version newer
+    than any trained on first, else the earliest-arrived data; wait while the newest data is more than max_staleness
+    behind the learner."""
+
+    name = "authors"
+
+    def __init__(self) -> None:
+        # newest version picked for training (None: nothing yet) and its value before the last pick (restored when
+        # that pick is put back)
+        self.newest_trained: int | None = None
+        self.trained_before_pick: int | None = None
+
+    @staticmethod
+    def trained_lag(max_staleness: int) -> int:
+        return 2 * max_staleness
+
+    def floor(self, learner_version: int, max_staleness: int) -> int | None:
+        return None if self.newest_trained is None else self.newest_trained - max_staleness
+
+    def anchor(self, learner_version: int) -> str:
+        return f"newest trained v{self.newest_trained}"
+
+    def pick(self, pending, k, learner_version, max_staleness, arrival, new_since_pick):
+        top = self.newest_trained
+        order = sorted(pending, key=lambda g: arrival[g.group_id])  # earliest arrived first
+        if k:
+            newest = max(g.policy_version for g in pending)
+            if learner_version - newest > max_staleness:
+                return None  # wait for data at most max_staleness behind the learner
+            if top is None or newest > top:  # a version newer than any trained on: its groups first
+                top = newest
+                order.sort(key=lambda g: g.policy_version != newest)
+            order = [g for g in order if g.policy_version >= top - max_staleness]
+            if len(order) < k:
+                return None
+        taken = order[:k]
+        picked = {g.group_id for g in taken}
+        self.trained_before_pick, self.newest_trained = self.newest_trained, top
+        return taken, [g for g in pending if g.group_id not in picked]
+
+    def put_back(self) -> None:
+        self.newest_trained = self.trained_before_pick
 
 
 class AdmissionBuffer:
     def __init__(self, max_staleness: int, on_drop: Callable[[RolloutGroup], None] = lambda g: None,
                  rule: str = "paper"):
         if rule not in RULES:
-            raise ValueError(f"unknown admission rule {rule!r}; expected one of {RULES}")
+            raise ValueError(f"unknown admission rule {rule!r}; expected one of {tuple(RULES)}")
         self.max_staleness = max_staleness
         self.on_drop = on_drop
-        self.rule = rule
+        self.rule = RULES[rule]()
         self.pending: list[RolloutGroup] = []
         self.first: list[RolloutGroup] = []  # requeued to be taken before the selection rule applies
         self.retrain: set[str] = set()  # ids requeued ``first``: they stay first until trained
         self.seen: set[str] = set()
         self.counts: Counter[str] = Counter()
         self._new_since_pick = False
-        # "authors" rule: newest version picked for training (None: nothing yet), its value before
-        # the last pick (restored when that pick is put back) and each waiting group's arrival order
-        self.newest_trained: int | None = None
-        self._trained_before_pick: int | None = None
         self._arrival: dict[str, int] = {}  # group id -> arrival ticket, for waiting groups
         self._picked: dict[str, int | None] = {}  # tickets of the last pick, kept if it is put back
         self._ticket = count()
@@ -64,22 +163,15 @@ class AdmissionBuffer:
     def __len__(self) -> int:
         return len(self.pending) + len(self.first)
 
-    def _floor(self, learner_version: int) -> int | None:
-        """Oldest version inside the window (None: no floor yet)."""
-        if self.rule == "paper":
-            return learner_version - self.max_staleness
-        return None if self.newest_trained is None else self.newest_trained - self.max_staleness
-
     def check(self, g: RolloutGroup, learner_version: int) -> None:
         """Raise ``RecordError`` if ``g`` is a duplicate or outside the window."""
         if g.group_id in self.seen:
             raise RecordError("duplicate", g.group_id)
         if g.policy_version > learner_version:
             raise RecordError("future_version", f"v{g.policy_version} > learner v{learner_version}")
-        floor = self._floor(learner_version)
+        floor = self.rule.floor(learner_version, self.max_staleness)
         if floor is not None and g.policy_version < floor:
-            anchor = f"v{learner_version}" if self.rule == "paper" else f"newest trained v{self.newest_trained}"
-            raise RecordError("stale", f"v{g.policy_version} older than window at {anchor}")
+            raise RecordError("stale", f"v{g.policy_version} older than window at {self.rule.anchor(learner_version)}")
 
     def add(self, g: RolloutGroup, learner_version: int) -> None:
         """Admit ``g`` or raise ``RecordError`` (duplicate / stale / future version)."""
@@ -91,7 +183,7 @@ class AdmissionBuffer:
         self.counts["admitted"] += 1
 
     def evict_stale(self, learner_version: int) -> None:
-        floor = self._floor(learner_version)
+        floor = self.rule.floor(learner_version, self.max_staleness)
 
         def keep(groups):
             out = []
@@ -114,13 +206,13 @@ class AdmissionBuffer:
         trained: retraining them late beats losing them). Such a group stays first when it is
         put back again (a failed round), until ``forget_trained`` names it.
 
-        "authors" rule: groups put back keep their arrival order, and a put-back pick
-        (``first`` False) no longer counts towards ``newest_trained``.
+        Groups put back keep their arrival order, and a put-back pick (``first`` False) is
+        undone in the rule (under "authors" it no longer counts towards ``newest_trained``).
         """
         if first:
             self.retrain.update(g.group_id for g in groups)
-        elif self.rule == "authors":
-            self.newest_trained = self._trained_before_pick
+        else:
+            self.rule.put_back()
         queued = {g.group_id for g in self.first}
         again = [g for g in groups if g.group_id in self.retrain and g.group_id not in queued]
         self.first.extend({g.group_id: g for g in again}.values())  # never one group twice: it would be trained twice
@@ -142,43 +234,19 @@ class AdmissionBuffer:
             self._arrival.pop(gid, None)
 
     def select(self, n: int, learner_version: int) -> list[RolloutGroup] | None:
-        """Pick ``n`` groups by the selection rule, or None if fewer are waiting (or the
-        "authors" rule waits for fresher data)."""
+        """Pick ``n`` groups, the ``first`` ones then by the rule, or None if fewer are waiting (or the
+        rule waits for fresher data)."""
         self.evict_stale(learner_version)
         if len(self) < n:
             return None
-        batch = self._select_authors(n, learner_version) if self.rule == "authors" else self._select_paper(n)
-        self._picked = {g.group_id: self._arrival.pop(g.group_id, None) for g in batch or ()}
-        return batch
-
-    def _select_paper(self, n: int) -> list[RolloutGroup]:
-        batch, self.first = self.first[:n], self.first[n:]
-        newest_first = self._new_since_pick
-        # stable sort: within a version, arrival order is kept
-        self.pending.sort(key=lambda g: g.policy_version, reverse=newest_first)
-        k = n - len(batch)
-        batch, self.pending = batch + self.pending[:k], self.pending[k:]
-        self._new_since_pick = False
-        return batch
-
-    def _select_authors(self, n: int, learner_version: int) -> list[RolloutGroup] | None:
         k = n - min(n, len(self.first))  # groups to pick by the rule, after the ``first`` ones
-        top = self.newest_trained
-        order = sorted(self.pending, key=lambda g: self._arrival[g.group_id])  # earliest arrived first
-        if k:
-            newest = max(g.policy_version for g in self.pending)
-            if learner_version - newest > self.max_staleness:
-                return None  # wait for data at most max_staleness behind the learner
-            if top is None or newest > top:  # a version newer than any trained on: its groups first
-                top = newest
-                order.sort(key=lambda g: g.policy_version != newest)
-            order = [g for g in order if g.policy_version >= top - self.max_staleness]
-            if len(order) < k:
-                return None
-        batch, self.first = self.first[:n], self.first[n:]
-        taken = order[:k]
-        picked = {g.group_id for g in taken}
-        self.pending = [g for g in self.pending if g.group_id not in picked]
-        self._trained_before_pick, self.newest_trained = self.newest_trained, top
+        picked = self.rule.pick(self.pending, k, learner_version, self.max_staleness, self._arrival,
+                                self._new_since_pick)
+        if picked is None:
+            self._picked = {}
+            return None
+        taken, self.pending = picked
+        batch, self.first = self.first[:n] + taken, self.first[n:]
         self._new_since_pick = False
-        return batch + taken
+        self._picked = {g.group_id: self._arrival.pop(g.group_id, None) for g in batch}
+        return batch

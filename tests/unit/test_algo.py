@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch.testing import assert_close
 
 from p2prl.algo import (
-    LOSSES,
+    OBJECTIVES,
     GepoOptions,
     gepo_log_denominator,
     gepo_loss,
@@ -24,7 +24,6 @@ from p2prl.algo import (
     group_advantages,
     grpo_loss,
     gspo_loss,
-    loss_kwargs,
 )
 
 NAN = float("nan")
@@ -355,10 +354,13 @@ def test_gepo_group_of_one_is_gspo():
 # ----------------------------------------------------------------------------
 
 
+FUNCTIONS = {"grpo": grpo_loss, "gspo": gspo_loss, "gepo": gepo_loss}
+
+
 def call(name, logp, logq, mask, adv, group_size, *, beta_kl=0.0, **kw):
     if name == "gepo":
         return gepo_loss(logp, logq, mask, adv, GepoOptions(group_size, **kw), beta_kl=beta_kl)
-    return LOSSES[name](logp, logq, mask, adv, beta_kl=beta_kl, **kw)
+    return FUNCTIONS[name](logp, logq, mask, adv, beta_kl=beta_kl, **kw)
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
@@ -476,8 +478,10 @@ def test_gepo_option_errors(kw, match):
         gepo_loss(g["logp"], g["logq"], g["mask"], g["advantages"], GepoOptions(**kw), beta_kl=beta_kl)
 
 
-def test_losses_registry():
-    assert LOSSES == {"grpo": grpo_loss, "gspo": gspo_loss, "gepo": gepo_loss}
+def test_objectives_registry():
+    assert list(OBJECTIVES) == ["gepo", "gspo", "grpo"]  # algo.name's choices, the default first
+    assert {name: o.function() for name, o in OBJECTIVES.items()} == FUNCTIONS
+    assert all(o.name == name for name, o in OBJECTIVES.items())
 
 
 # ----------------------------------------------------------------------------
@@ -551,7 +555,7 @@ def test_figure2_gepo_weight_variance_shrinks_relative_to_gspo_grpo_as_kl_grows(
 
 
 # ----------------------------------------------------------------------------
-# beta_kl on every objective, GEPO+ and loss_kwargs (the authors' code)
+# beta_kl on every objective, GEPO+ and the objectives' settings (the authors' code)
 # ----------------------------------------------------------------------------
 
 BETA = 0.005
@@ -590,7 +594,7 @@ def test_gspo_kl_penalty_hand_numbers():
 def test_kl_penalty_rejects_negative_beta(name):
     g = good()
     with pytest.raises(ValueError, match=r"beta_kl must be >= 0"):
-        LOSSES[name](g["logp"], g["logq"], g["mask"], g["advantages"], beta_kl=-0.1)
+        FUNCTIONS[name](g["logp"], g["logq"], g["mask"], g["advantages"], beta_kl=-0.1)
 
 
 def gepo_plus_case():
@@ -652,28 +656,38 @@ def algo_section(name, **kw):
     from types import SimpleNamespace
 
     fields = dict(name=name, eps=0.3, gspo_eps_low=0.1, gspo_eps_high=0.15, scope="batch",
-                  gepo_variant="plus", plus_k3=0.01, beta_kl=0.005)
+                  gepo_variant="plus", plus_k3=0.01, batch_rows=6, beta_kl=0.005)
     return SimpleNamespace(**{**fields, **kw})
 
 
-def test_loss_kwargs_per_objective():
-    assert loss_kwargs(algo_section("grpo"), 4) == {"eps": 0.3, "beta_kl": 0.005}
-    assert loss_kwargs(algo_section("gspo"), 4) == {"eps_low": 0.1, "eps_high": 0.15, "beta_kl": 0.005}
-    assert loss_kwargs(algo_section("gepo"), 4) == {
-        "options": GepoOptions(group_size=4, eps=0.3, scope="batch", variant="plus", plus_k3=0.01), "beta_kl": 0.005,
+def test_each_objective_says_its_loss_arguments_chunking_clip_and_defaults():
+    grpo, gspo, gepo = (OBJECTIVES[n](algo_section(n)) for n in ("grpo", "gspo", "gepo"))
+    assert grpo.loss_kwargs(4) == {"eps": 0.3}
+    assert gspo.loss_kwargs(4) == {"eps_low": 0.1, "eps_high": 0.15}
+    assert gepo.loss_kwargs(4) == {
+        "options": GepoOptions(group_size=4, eps=0.3, scope="batch", variant="plus", plus_k3=0.01),
     }
-    with pytest.raises(ValueError, match=r"unknown objective 'ppo'"):
-        loss_kwargs(algo_section("ppo"), 4)
+    # GEPO with scope "batch" takes its loss per shuffled chunk of batch_rows rows; the others per group
+    assert (grpo.chunk_rows(), gspo.chunk_rows(), gepo.chunk_rows()) == (0, 0, 6)
+    assert OBJECTIVES["gepo"](algo_section("gepo", scope="group")).chunk_rows() == 0
+    # the clip a forged weight must stay under (the spot check's warning)
+    assert (grpo.clip_eps(), gspo.clip_eps(), gepo.clip_eps()) == (0.3, 0.15, 0.3)
+    assert [o.token_weighted for o in (grpo, gspo, gepo)] == [True, False, False]
+    assert [o.scale_std for o in (grpo, gspo, gepo)] == [True, True, False]  # GEPO: off, as in the paper
+    m = {"loss/kl_k3": 0.00123, "loss/is_weight_var": 0.5}
+    assert gepo.progress(m) == "kl 1.23e-03 wvar 5.00e-01"
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
-def test_loss_kwargs_drive_each_loss_with_the_config_section(name):
+def test_each_objective_drives_its_loss_with_the_config_section(name):
     from p2prl.config import AlgoConfig
 
     logp, logq, mask, adv = random_batch(8, 5, seed=3, spread=0.5, dtype=F64)
     a = AlgoConfig(name=name, beta_kl=0.005, scope="batch", gepo_variant="plus")
-    loss, m = LOSSES[name](logp, logq, mask, adv, **loss_kwargs(a, 4))
+    loss, m = a.objective().loss(logp, logq, mask, adv, 4)
     close(m["loss"], m["pg_loss"] + 0.005 * m["kl_k3"])  # the KL reaches every objective
+    direct, _ = FUNCTIONS[name](logp, logq, mask, adv, **a.objective().loss_kwargs(4), beta_kl=0.005)
+    assert_close(loss, direct)
     a0 = AlgoConfig(name=name)
-    _, m0 = LOSSES[name](logp, logq, mask, adv, **loss_kwargs(a0, 4))
+    _, m0 = a0.objective().loss(logp, logq, mask, adv, 4)
     close(m0["loss"], m0["pg_loss"])  # default: no KL term

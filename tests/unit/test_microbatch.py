@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from p2prl.algo import LOSSES, GepoOptions, group_advantages
+from p2prl.algo import GepoOptions, gepo_loss, group_advantages
 from p2prl.algo.chunks import merge_metrics, pack_units, shuffled_chunks
 from p2prl.config import Config
 from p2prl.learner.core import LearnerCore, collate
@@ -86,7 +86,7 @@ def test_batch_scope_takes_the_denominator_per_shuffled_chunk(policy64, groups):
     b = collate(groups, policy64.pad_id)
     logp = sequence_logprobs(policy64.model, b["prompt"], b["prompt_mask"], b["completion"], 1.0)
     adv = group_advantages(b["rewards"], G, False)
-    loss, _ = LOSSES["gepo"](logp, b["logq"], b["mask"], adv, GepoOptions(len(adv), scope="batch"))
+    loss, _ = gepo_loss(logp, b["logq"], b["mask"], adv, GepoOptions(len(adv), scope="batch"))
     params = list(policy64.model.parameters())
     whole = torch.cat([g.reshape(-1) for g in torch.autograd.grad(loss, params)]).float()
     core = LearnerCore(policy64, _cfg("gepo", 0, scope="batch", batch_rows=64))

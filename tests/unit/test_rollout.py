@@ -225,7 +225,7 @@ def test_authors_rule_waits_while_the_newest_data_is_too_far_behind(tok):
     assert picked(buf, 1, 40) is None  # newest waiting v5 is 35 behind v40: wait, drop nothing
     add_versions(buf, tok, 40, 10)
     assert picked(buf, 1, 40) == [5]  # v10 is 30 behind: go, earliest arrived first (lag 35 > 32)
-    assert buf.counts["dropped_stale"] == 0 and buf.newest_trained == 20
+    assert buf.counts["dropped_stale"] == 0 and buf.rule.newest_trained == 20
 
 
 def test_authors_rule_new_version_first_then_floor_of_this_pick(tok):
@@ -239,7 +239,7 @@ def test_authors_rule_new_version_first_then_floor_of_this_pick(tok):
     # 30 - 4 = 26, of which there is none: wait
     assert picked(buf, 3, 30) is None
     assert picked(buf, 2, 30) == [30, 30]
-    assert buf.newest_trained == 30
+    assert buf.rule.newest_trained == 30
     assert picked(buf, 1, 30) is None and buf.counts["dropped_stale"] == 2  # v17, v19 fell below 26
 
 
@@ -255,9 +255,9 @@ def test_authors_rule_put_back_pick_keeps_its_place_and_newest_trained(tok):
     assert picked(buf, 1, 6) == [3]
     add_versions(buf, tok, 6, 6, prefix="c")
     taken = buf.select(1, 6)
-    assert [g.policy_version for g in taken] == [6] and buf.newest_trained == 6
+    assert [g.policy_version for g in taken] == [6] and buf.rule.newest_trained == 6
     buf.requeue(taken)  # not trained after all: the newest trained is v5 again
-    assert buf.newest_trained == 5
+    assert buf.rule.newest_trained == 5
     assert picked(buf, 3, 6) == [6, 4, 2]
 
 
@@ -272,7 +272,7 @@ def test_authors_rule_requeued_first_groups_outlive_the_window(tok):
     assert [g.group_id for g in taken] == ["rebased"]
     buf.requeue(taken)  # its round failed: put back, and still first, still outside the window
     assert [g.group_id for g in buf.select(1, 12)] == ["rebased"]
-    assert buf.newest_trained == 10
+    assert buf.rule.newest_trained == 10
     buf.add(make_group(tok, task, version=12, gid="fresh"), 12)
     assert [g.group_id for g in buf.select(1, 12)] == ["fresh"]  # newer than v10: the floor moves to 8
     assert buf.select(1, 12) is None and buf.counts["dropped_stale"] == 1  # "waiting" (v7) dropped
