@@ -71,3 +71,20 @@ def test_lr_schedule_warms_up_then_stays_constant_or_decays_on_a_cosine():
         core.optimizer.step()
         core.scheduler.step()
     assert lrs == pytest.approx([0.01 * lr_factor(cfg.train, s) for s in range(100)])
+
+
+@pytest.mark.parametrize("name, digest", [
+    ("default.toml", "5dba37422c494e434f0685bdeba429d27e1215dd04e54c9c7aea0335717fdd7d"),
+    ("math.toml", "45d432f02cfa651805a55472fa2951ccb2f020bb76635c79a4460dc7b69c90e4"),
+    ("latency.toml", "298f89a04f32ca7a1ef41a7a0c8b218ca4ba322fe5eb90ff2c6a0d74bab9f12d"),
+])
+def test_run_identity_of_shipped_configs_is_unchanged(name, digest):
+    """Checkpoints and peers compare the run identity key by key (``algo`` as the run config's too): the objectives'
+    settings declared by their classes leave it as it was, every objective's keys included."""
+    import hashlib
+    import json
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / name)
+    ident = json.dumps(cfg.run_identity(), sort_keys=True)
+    assert hashlib.sha256(ident.encode()).hexdigest() == digest
