@@ -85,7 +85,7 @@ class LearnerRounds:
         try:
             got = self.gradient_rounds().average(grad, r.weight, self.core.version, sha256, tags, 1 + others)
             self.bad_members(got.bad)
-            r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
+            r.grad, r.weight, r.learners, r.tags = got.grad, got.weight, got.learners, got.tags
             return r
         except RoundFailed as e:
             self.bad_members(e.bad)
