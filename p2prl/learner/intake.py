@@ -2,11 +2,11 @@
 
 Threads: the stream handlers run on the node's network loop; decoding, verification (rewards recomputed) and,
 for a share of groups, log-prob spot checks (``spotcheck.py``) run on the single admission thread, so a slow
-reward function stalls no other stream. The group ledger and its admission buffer, shared with the training
-loop, are touched only under ``lock``, which the intake owns (the training loop takes it too). Every rejection
-is counted and counts against the sending peer's reputation; a bad record never raises out of a handler. The group
-counters each sampler session sent are counted too (``SessionCounters``, under ``lock``): gaps in them are groups a
-sampler made and kept back, which ``p2prl status`` shows from the learners' peer records.
+reward function stalls no other stream. What it admits, counts and answers goes through the learner's state
+(``state.py``: the group ledger and its admission buffer, shared with the training loop, behind the state's own lock).
+Every rejection is counted and counts against the sending peer's reputation; a bad record never raises out of a
+handler. The group counters each sampler session sent are counted too (``SessionCounters``, kept by the state): gaps
+in them are groups a sampler made and kept back, which ``p2prl status`` shows from the learners' peer records.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +28,8 @@ from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, ba
 
 if TYPE_CHECKING:
     from p2prl.config import FlowConfig
-    from p2prl.learner.ledger import GroupLedger
     from p2prl.learner.spotcheck import SpotChecker
+    from p2prl.learner.state import LearnerState
     from p2prl.rollout.verify import Verifier
     from p2prl.swarm.dht import PolicyRecord
     from p2prl.swarm.reputation import Reputation
@@ -52,7 +51,7 @@ class SessionCounters:
     publishes them in its peer record; ``p2prl status`` adds up the learners' counts. Memory is bounded: a bit per
     counter of those blocks, for at most ``MAX_TRACKED_SESSIONS`` sessions (``SESSIONS_PER_SAMPLER`` per sampler),
     the least recently active forgotten first. A counter older than the blocks is not counted (it cannot be told
-    from a duplicate); a duplicate is counted once. Not thread-safe: the intake calls it under its lock."""
+    from a duplicate); a duplicate is counted once. Not thread-safe: the learner's state calls it under its lock."""
 
     def __init__(self, max_sessions: int = MAX_TRACKED_SESSIONS, per_sampler: int = SESSIONS_PER_SAMPLER):
         self.max_sessions, self.per_sampler = max_sessions, per_sampler
@@ -101,22 +100,18 @@ class SessionCounters:
 
 
 class RolloutIntake:
-    def __init__(self, flow: FlowConfig, groups_per_step: int, limits: Limits, ledger: GroupLedger,
+    def __init__(self, flow: FlowConfig, groups_per_step: int, limits: Limits, state: LearnerState,
                  verifier: Verifier, spot: SpotChecker, reputation: Reputation, version: Callable[[], int],
                  latest: Callable[[], PolicyRecord | None], learners: Callable[[], int],
                  run_record: Callable[[], bytes | None] = lambda: None):
-        """``version``: the learner's current version; ``latest``: the newest policy record it published (named in
-        replies); ``learners``: how many learners train the run (this one included), which splits a step;
-        ``run_record``: the run record it holds, encoded (authority runs; sent in replies too)."""
-        self.flow, self.groups_per_step, self.limits = flow, groups_per_step, limits
-        self.ledger, self.buffer, self.counts = ledger, ledger.buffer, ledger.counts
+        """``state``: the learner's, which admits and answers; ``version``: the learner's current version;
+        ``latest``: the newest policy record it published (named in replies); ``learners``: how many learners train
+        the run (this one included), which splits a step; ``run_record``: the run record it holds, encoded (authority
+        runs; sent in replies too)."""
+        self.flow, self.groups_per_step, self.limits, self.state = flow, groups_per_step, limits, state
         self.verifier, self.spot, self.reputation = verifier, spot, reputation
         self.version, self.latest, self.learners, self.run_record = version, latest, learners, run_record
         self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
-        self.lock = threading.Condition()  # guards the ledger and its admission buffer; notified on admission
-        self.senders: dict[str, float] = {}  # sampler -> when it last sent records (the active ones share the queue)
-        self.counters = SessionCounters()  # the group counters each sampler session sent (under ``lock``)
-        self.bytes_in = 0  # rollout records received
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
 
     def serve(self, node: Delivery) -> None:
@@ -131,8 +126,7 @@ class RolloutIntake:
     def samplers_seen(self) -> set[str]:
         """Samplers that have sent this learner groups: ready to contribute (a far sampler announces itself
         in the DHT long before it holds a policy and has made a group: seconds of round trips)."""
-        with self.lock:
-            return set(self.senders) | {g.sampler for g in [*self.buffer.pending, *self.buffer.first]}
+        return self.state.samplers_seen()
 
     # ---- admission (on the admission thread) ----------------------------------------------------------
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:
@@ -145,26 +139,18 @@ class RolloutIntake:
             g = decode_group(data, self.limits)
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
-            with self.lock:
-                self.counters.note(g.group_id)  # read, whatever becomes of it: not withheld
-                self.ledger.check(g, self.version())
+            self.state.check(g, self.version())
             self.verifier.check(g)  # recomputes the rewards
             if self.spot.wants(g.group_id, peer):
                 self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
-            with self.lock:
-                self.ledger.admit(g, self.version())
-                self.lock.notify_all()
+            self.state.admit(g, self.version())
             self.reputation.vouch(peer)  # a known sampler from now on: its streams keep their own limits (limits.py)
             return "accepted", ""
         except RecordError as e:
             if e.reason == "duplicate":
                 return "duplicate", ""
             banned = self.reputation.reject(peer, e.reason, e.certain)
-            with self.lock:
-                self.counts[f"rejected/{e.reason}"] += 1
-                n = self.counts[f"rejected/{e.reason}"]
-                if banned:  # its groups still waiting are not trained (answered dropped)
-                    self.counts["dropped_banned"] += self.ledger.drop_sampler(peer)
+            n = self.state.reject(e.reason, peer if banned else None)
             # stale data is the staleness rule at work and future versions mean this learner is catching up;
             # anything else is a warning, logged for the first few of each reason and then every 100th
             # (a bad peer cannot flood the log)
@@ -173,17 +159,16 @@ class RolloutIntake:
                 log.log(level, "rejected a group from %s: %s (%d so far)", peer[-6:], e, n)
             return "rejected", e.reason
         except Exception as e:  # a bug must not let one peer take the learner down
-            with self.lock:
-                self.counts["rejected/internal"] += 1
+            self.state.count("rejected/internal")
             log.exception("internal error on a record from %s: %s", peer[-6:], e)
             return "rejected", "internal"
 
     def queue_bounds(self) -> tuple[int, int]:
         """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
-        and the samplers that sent records in the last ``ACTIVE_SENDER_S`` (call under ``self.lock``)."""
-        since = time.monotonic() - ACTIVE_SENDER_S
+        and the samplers that sent records in the last ``ACTIVE_SENDER_S``."""
+        active = self.state.senders(time.monotonic() - ACTIVE_SENDER_S)
         return queue_bounds(self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue,
-                            sum(t >= since and self.sharing(p) for p, t in self.senders.items()))
+                            sum(self.sharing(p) for p in active))
 
     def step_share(self) -> int:
         """Groups this learner takes a step: its share of ``train.groups_per_step``."""
@@ -196,25 +181,20 @@ class RolloutIntake:
         return self.reputation is None or self.reputation.vouched(peer) or not self.reputation.suspect(peer)
 
     def room(self, peer: str) -> int:
-        """Groups ``peer`` may still have admitted before it is answered ``busy`` (call under ``self.lock``)."""
-        waiting = self.buffer.pending + self.buffer.first
-        return queue_room(sum(g.sampler == peer for g in waiting), len(waiting), *self.queue_bounds(),
-                          batch=self.step_share())
+        """Groups ``peer`` may still have admitted before it is answered ``busy``."""
+        return queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share())
 
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
         (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
         now = time.monotonic()
-        with self.lock:
-            self.senders[peer] = now  # a share of the queue while it sends, unless it sends garbage (``sharing``)
-            for p in [p for p, t in self.senders.items() if t < now - ACTIVE_SENDER_S]:
-                del self.senders[p]
+        # a share of the queue while it sends, unless it sends garbage (``sharing``)
+        self.state.sent(peer, now, forget_before=now - ACTIVE_SENDER_S)
         out = []
         for data in records:
-            with self.lock:
-                busy = self.room(peer) <= 0
-                if busy:
-                    self.counts["busy"] += 1
+            busy = self.room(peer) <= 0  # only this thread admits: the room it found is there
+            if busy:
+                self.state.count("busy")
             out.append(("busy", "queue_full") if busy else self.admit(data, peer))
         return out
 
@@ -222,11 +202,9 @@ class RolloutIntake:
     async def on_rollout(self, peer: str, reader, writer) -> None:
         try:
             data = await read_frame(reader, self.limits.max_bytes)
-            with self.lock:
-                self.bytes_in += len(data)
+            self.state.received(len(data))
         except FrameError as e:
-            with self.lock:
-                self.counts["rejected/oversized"] += 1
+            self.state.count("rejected/oversized")
             self.reputation.reject(peer, "oversized")
             log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
             await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
@@ -237,8 +215,7 @@ class RolloutIntake:
         except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
             log.debug("stopping: left a record from %s unanswered", peer[-6:])
             return
-        with self.lock:
-            queue = len(self.buffer)
+        queue = self.state.depth()
         await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
 
     async def on_rollouts(self, peer: str, reader, writer) -> None:
@@ -247,15 +224,12 @@ class RolloutIntake:
         results, error = [], ""
         try:
             raw = await read_frame(reader, self.batch_limit)
-            with self.lock:
-                self.bytes_in += len(raw)
+            self.state.received(len(raw))
             records = decode_batch(raw, self.flow.max_batch_groups)
         except (FrameError, BatchError) as e:
             error = e.reason if isinstance(e, BatchError) else "oversized"
             self.reputation.reject(peer, f"batch_{error}")
-            with self.lock:
-                self.counts[f"rejected/batch_{error}"] += 1
-                n = self.counts[f"rejected/batch_{error}"]
+            n = self.state.count(f"rejected/batch_{error}")
             if n <= 5 or n % 100 == 0:
                 log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
         if not error:
@@ -265,8 +239,7 @@ class RolloutIntake:
             except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
                 log.debug("stopping: left a batch from %s unanswered", peer[-6:])
                 return
-        with self.lock:
-            queue, free = len(self.buffer), self.room(peer)
+        queue, free = self.state.depth(), self.room(peer)
         reply = {"results": [list(r) for r in results], "queue": queue, "free": free, **self.policy_hint()}
         await write_frame(writer, pack({**reply, "error": error} if error else reply))
 
@@ -274,15 +247,13 @@ class RolloutIntake:
         try:
             ids = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"ids": list})["ids"]
         except ValueError as e:
-            with self.lock:
-                self.counts["rejected/bad_ack_request"] += 1
+            self.state.count("rejected/bad_ack_request")
             self.reputation.reject(peer, "bad_ack_request")
             log.warning("bad ack request from %s: %s", peer[-6:], e)
             return
         ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
-        with self.lock:
-            states = self.ledger.states_of(ids)
-            queue, free = len(self.buffer), self.room(peer)
+        states = self.state.states_of(ids)
+        queue, free = self.state.depth(), self.room(peer)
         await write_frame(writer, pack({"states": states, "queue": queue, "free": free, **self.policy_hint()}))
 
     def policy_hint(self) -> dict:

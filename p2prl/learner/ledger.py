@@ -1,6 +1,6 @@
 """The learner's group ledger: what became of every group, version by version.
 
-Pure bookkeeping (no network, no torch, no threads: the learner calls it under its lock);
+Pure bookkeeping (no network, no torch, no threads: the learner's state, ``state.py``, calls it under its lock);
 the own groups on disk go through the small ``OwnGroupFiles`` store next to it.
 
 * ``states``: group id -> ``pending`` / ``trained`` / ``dropped``, what the ``acks`` protocol

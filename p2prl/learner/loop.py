@@ -8,9 +8,9 @@ loop, the node's network loop (the rollout and acks streams, ``intake.py``; the 
 recomputed, log-probs spot-checked: ``intake.py``), the heartbeat thread
 (``membership.py``) and the look-up of the newest published version that the loop reads a
 poll later (``records.Prefetch``: its check for a learner ahead does not wait for the
-DHT). The group ledger (``ledger.py``) and its admission buffer are touched only under
-``self.lock`` (the intake's); a step and a ``state`` snapshot exclude each other under
-``self.step_lock``.
+DHT). The group ledger (``ledger.py``), its admission buffer and the learner's counters are
+owned by ``self.state`` (``state.py``), a monitor with a lock of its own that every thread
+goes through; a step and a ``state`` snapshot exclude each other under ``self.step_lock``.
 
 Acknowledgement: a group counts as done for its sampler only once it was trained or
 dropped as stale; until then the sampler keeps it and resends it if this learner
@@ -32,9 +32,8 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
 from pathlib import Path
-from typing import Callable
+from typing import IO, Callable
 
 from p2prl import prom
 from p2prl.config import Config
@@ -43,11 +42,12 @@ from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.learner.evaluate import heldout_accuracy
 from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
-from p2prl.learner.rounds import LearnerRounds, Round
+from p2prl.learner.rounds import LearnerRounds, Step
 from p2prl.learner import report
 from p2prl.learner.report import LearnerReport
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
-from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar, read_jsonl
+from p2prl.learner.state import LearnerState
+from p2prl.metrics import JsonlSink, finish_run, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
@@ -95,23 +95,24 @@ class Learner:
         self.epoch = 0
         # versions remembered: hashes, trained ids, own groups (to retrain them if our history loses)
         keep = max(cfg.rounds.history_versions, cfg.staleness.max_staleness)
-        self.ledger = GroupLedger(cfg.staleness.max_staleness, keep, OwnGroupFiles(self.out / "own_groups", limits),
-                                  rule=cfg.staleness.rule)
+        self.own = OwnGroupFiles(self.out / "own_groups", limits)
+        ledger = GroupLedger(cfg.staleness.max_staleness, keep, self.own, rule=cfg.staleness.rule)
         published = {int(u): sha for u, sha in saved.get("published", {}).items()}
-        self.ledger.restore(saved, self.core.version,
-                            truncate_log(self.out / "train_log.jsonl", self.core.version, published), time.time())
-        self.buffer, self.counts = self.ledger.buffer, self.ledger.counts
+        ledger.restore(saved, self.core.version,
+                       truncate_log(self.out / "train_log.jsonl", self.core.version, published), time.time())
+        self.state = LearnerState(ledger)
         self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version, cfg.flow.keep_seconds,
                                  int(cfg.flow.keep_mb * 2**20))
         # log-prob spot checks on a scratch copy of the model, made before the training thread steps it
         self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out))
         self.throughput = 0.0
-        self.lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
         self.reward: float | None = None  # mean reward of the last step's groups
         self.acc: float | None = None  # held-out accuracy at the last evaluation (from start())
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
+        # (from start()) the run's best held-out accuracy; whether the run was complete when this learner started
+        self.best, self.complete_before = 0.0, False
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.newest = Prefetch(node.latest_policy, "newest-version")  # read by poll_ahead, a poll after it was sent
@@ -122,11 +123,15 @@ class Learner:
         # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
         verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
                             cfg.net.run_id, s.group_size, s.max_new_tokens, task_seed=cfg.task.seed)
-        self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.ledger, verifier, self.spot,
+        self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.state, verifier, self.spot,
                                     self.reputation, lambda: self.core.version, lambda: self.latest,
                                     lambda: 1 + len(self.membership.others), node.trust.record_bytes)
-        self.lock = self.intake.lock
-        self.rounds = LearnerRounds(cfg, node, self.core, self.ledger, self.lock, self.out)
+        self.rounds = LearnerRounds(cfg, node, self.core, self.state, self.own, self.out)
+        # opened and set by start(): the training log, the metrics log, the progress bar, the clocks
+        self.train_log: IO[str] | None = None
+        self.sink: JsonlSink | None = None
+        self.bar = None
+        self.started = self.last_check = self.version_since = 0.0
 
     # ---- the loop ------------------------------------------------------------------------------
     def run(self, stop: threading.Event, progress: bool = True) -> dict:
@@ -136,15 +141,15 @@ class Learner:
                 wait_for_samplers(self.cfg.train.wait_for_samplers, self.intake.samplers_seen, stop,
                                   self.cfg.train.wait_for_samplers_s, self.cfg.net.poll_s)
             while self.core.version < self.cfg.train.steps and not stop.is_set():
-                if self.poll_ahead() or self.held(stop):
+                if self.poll_ahead() or held(self.cfg.testing.hold_file, stop):
                     continue
                 batch = self.take_batch()
                 if batch is None:
                     continue
-                r = self.rounds.step(batch, len(self.membership.others), self.latest.sha256,
-                                     lambda: self.catch_up(self.node.latest_policy()), stop)
-                if r is not None:
-                    self.after_step(r, batch)
+                step = self.rounds.step(batch, len(self.membership.others), self.latest.sha256,
+                                        lambda: self.catch_up(self.node.latest_policy()), stop)
+                if step is not None:
+                    self.apply(step)
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
             self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
             self.bar.close()
@@ -162,7 +167,7 @@ class Learner:
                                                    self.reputation.reject),
                         self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
         self.train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
-        if self.core.version not in self.ledger.published:
+        if self.state.published(self.core.version) is None:
             line = {"version": self.core.version, "published": self.publish(), "groups": []}
             self.train_log.write(json.dumps(line) + "\n")
         else:
@@ -195,101 +200,78 @@ class Learner:
             self.bar.update(self.core.version - self.bar.n)
             self.version_since, self.rounds.missed = time.time(), 0
             return True
-        with self.lock:  # nobody ranks above us
-            self.ledger.settle(self.core.version, before=time.time() - 2 * self.node.ttl)
-        return False
-
-    def held(self, stop: threading.Event) -> bool:
-        """Whether ``testing.hold_file`` exists (then wait a moment): the learner serves, admits and answers busy, but
-        takes no step."""
-        hold = self.cfg.testing.hold_file
-        if hold and Path(hold).exists():
-            stop.wait(0.1)
-            return True
+        self.state.settle(self.core.version, before=time.time() - 2 * self.node.ttl)  # nobody ranks above us
         return False
 
     def take_batch(self) -> list[RolloutGroup] | None:
         """Our share of the swarm-wide batch by the admission rule; after ``rounds.wait_s / 2`` at one version
         with other learners about, whatever is here (possibly nothing); None while waiting."""
         others, rounds = len(self.membership.others), self.cfg.rounds
-        if others >= rounds.group_size and not self.counts["round/too_many_learners"]:
-            self.counts["round/too_many_learners"] += 1
+        if others >= rounds.group_size and self.state.flag("round/too_many_learners"):
             log.warning("%d learners but rounds.group_size=%d: rounds will split and the smaller part is "
                         "redone; raise rounds.group_size", 1 + others, rounds.group_size)
         share = math.ceil(self.cfg.train.groups_per_step / (1 + others))
-        with self.lock:
-            share = self.ledger.take_size(share, self.cfg.train.groups_per_step)
-            batch = self.buffer.select(share, self.core.version)
-            if batch is None and others and time.time() - self.version_since > rounds.wait_s / 2:
-                batch = self.buffer.select(min(share, len(self.buffer)), self.core.version)  # join with what is here
-            if batch is None:
-                self.lock.wait(timeout=0.2)
-        return batch
+        join = bool(others) and time.time() - self.version_since > rounds.wait_s / 2
+        return self.state.take(share, self.cfg.train.groups_per_step, self.core.version, join, wait_s=0.2)
 
-    def after_step(self, r: Round, batch: list[RolloutGroup]) -> None:
-        """Apply the round; log, remember, evaluate, publish and checkpoint the new version."""
-        t = self.cfg.train
+    def apply(self, step: Step) -> None:
+        """The one place a step becomes a version: applied, recorded (training log, own groups, ledger), evaluated,
+        published and checkpointed."""
+        t, r, batch = self.cfg.train, step.round, step.batch
         parent = self.latest.sha256
-        with self.lock:
-            self.lags.update(self.core.version - g.policy_version for g in batch)
         # one unit for a `state` snapshot (step_lock): the new weights together with their groups in the ledger
         # (a snapshot between the two once sent v with the groups of v-1 only, and its taker trained v's again)
         with self.step_lock:
-            r.metrics.update(self.core.apply(r.grad))
+            step.metrics.update(self.core.apply(r.grad))
             v = self.core.version
             weights_blob, sha = serialize_weights(self.core.policy.model)
             # on disk before anyone hears of v: every published version has its training-log line and own groups
-            with self.lock:  # own groups of a lost history, retrained outside the window by design
-                retrained = [g.group_id for g in batch if g.group_id in self.buffer.retrain]
+            retrained = self.state.retrained(batch)  # own groups of a lost history, retrained outside the window
             try:
                 self.train_log.write(json.dumps({"version": v, "published": sha, "parent": parent,
                                                  "learners": r.learners, "samples": r.weight, "own": len(batch),
                                                  "groups": r.tags, "retrained": retrained}) + "\n")
-                self.ledger.own.write(v, batch)
+                self.own.write(v, batch)
             except OSError as e:  # a full disk: stop here, before anyone hears of v
                 raise disk_error(self.out, e, f"the training log and own groups of v{v}") from e
             # alone: confirmed at once once a heartbeat period of look-ups found no other learner
             confirmed = r.learners > 1 or self.membership.alone(time.time())
-            with self.lock:
-                self.ledger.record(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
+            self.state.commit(v, {gid for gid, _, _ in r.tags}, batch, confirmed, time.time())
             self.epoch += 1
         self.version_since, self.rounds.missed = time.time(), 0
         if v % t.eval_every == 0 or v == t.steps:
-            self.acc = r.metrics["eval/heldout_acc"] = self.evaluate()
+            self.acc = step.metrics["eval/heldout_acc"] = self.evaluate()
             self.best = max(self.best, self.acc)
         self.publish(r.weight, (weights_blob, sha))
         if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
             self.checkpoint()
-        self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - r.started)
-        reward = r.metrics.get("rollout/reward")
+        self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - step.started)
+        reward = step.metrics.get("rollout/reward")
         if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound
             self.reward = float(reward)
-        self.log_metrics(v, r, batch)
+        self.log_metrics(v, step)
 
-    def log_metrics(self, v: int, r: Round, batch: list[RolloutGroup]) -> None:
-        m = r.metrics
+    def log_metrics(self, v: int, step: Step) -> None:
+        m, r = step.metrics, step.round
         m.update(report.step_metrics(self.counters()))
         m["round/learners"] = r.learners
         m["round/samples"] = r.weight
         self.sink.log(v, m)
         self.bar.update(v - self.bar.n)
-        if batch:
+        if step.batch:
             self.bar.set_postfix_str(f"{progress_line(m, self.acc, self.core.objective)} "
                                      f"queue {m['admission/queue_depth']} "
                                      f"learners {r.learners}")
 
     def counters(self) -> LearnerReport:
         """This learner's counters now, as one snapshot (``report.py`` makes the metrics, Prometheus and summary)."""
-        with self.lock:
-            counts, lags, depth, bytes_in = dict(self.counts), dict(self.lags), len(self.buffer), self.intake.bytes_in
         return LearnerReport(
             run_id=self.cfg.net.run_id, peer_id=self.node.peer_id, version=self.core.version, acc=self.acc,
-            reward=self.reward, throughput=self.throughput, queue_depth=depth,
-            other_learners=len(self.membership.others), max_staleness=self.cfg.staleness.max_staleness,
-            counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
-            weights_uploads=self.store.uploads, weights_bad_requests=self.store.bad_requests,
-            dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated,
-            membership=self.membership.metrics(), spot=self.spot.metrics(),
+            reward=self.reward, throughput=self.throughput, other_learners=len(self.membership.others),
+            max_staleness=self.cfg.staleness.max_staleness, **self.state.report(),
+            weights_bytes_served=self.store.bytes_served, weights_uploads=self.store.uploads,
+            weights_bad_requests=self.store.bad_requests, dht_errors=self.node.dht_errors,
+            rounds_saturated=self.rounds.saturated, membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
             authority=dict(self.node.trust.counts))
 
@@ -299,8 +281,7 @@ class Learner:
 
     def finish(self) -> dict:
         """The run's summary (written next to its metrics)."""
-        with self.lock:
-            backlog = len(self.buffer.retrain)
+        backlog = self.state.backlog()
         if backlog:
             log.warning("%d groups of a lost history (their samplers were told they were trained) are not retrained "
                         "yet: they stay in %s and are retrained first when this learner starts again", backlog,
@@ -331,20 +312,16 @@ class Learner:
         v = self.core.version
         self.store.add(v, sha, blob)
         self.spot.keep(v, sha, blob)  # the same bytes: kept once in memory
-        with self.lock:
-            self.ledger.publish(v, sha)
+        self.state.publish(v, sha)
         self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
         self.node.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
         return sha
 
     def checkpoint(self) -> None:
-        with self.lock:
-            state = self.ledger.checkpoint_state()
         save_checkpoint(self.out, self.core.policy, self.core.optimizer, self.core.scheduler, self.cfg,
-                        {"version": self.core.version, **state, "base_acc": self.base_acc, "last_acc": self.acc,
-                         "best_acc": self.best})
-        with self.lock:  # lost groups retrained, and that on disk: their files can go
-            self.ledger.checkpointed()
+                        {"version": self.core.version, **self.state.checkpoint_state(), "base_acc": self.base_acc,
+                         "last_acc": self.acc, "best_acc": self.best})
+        self.state.checkpointed()
 
     def catch_up(self, latest: tuple[str, PolicyRecord] | None) -> bool:
         """Load the state of a learner whose version ranks above ours (behind, or a lost fork); True if loaded.
@@ -360,13 +337,10 @@ class Learner:
             got = self.sync.fetch(peer, rec)
             with self.step_lock:  # the weights and the history they come with, as one unit for `state` snapshots
                 self.core.load_state(got.weights, got.optimizer, got.version)
-                with self.lock:
-                    diverged = self.ledger.adopt(got.version, got.published, set(got.trained))
-                    self.counts["sync/loaded"] += 1
+                diverged = self.state.adopt(got.version, got.published, set(got.trained))
                 self.epoch += 1
         except Exception as e:
-            with self.lock:
-                self.counts["sync/failed"] += 1
+            self.state.count("sync/failed")
             log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
             return False
         # on disk at once: a checkpoint of the lost history would count its groups as trained. Its log lines go
@@ -384,8 +358,7 @@ class Learner:
         with self.step_lock:
             weights, sha = serialize_weights(self.core.policy.model)
             opt = self.core.optimizer_blob()
-            with self.lock:
-                published, trained = self.ledger.history()
+            published, trained = self.state.history()
             weight = self.latest.weight if self.latest else 0
             record = self.node.trust.sign(PolicyRecord(version=self.core.version, sha256=sha, size=len(weights),
                                                        weight=weight))
@@ -393,15 +366,19 @@ class Learner:
         return header, weights, opt
 
     def peer_record(self) -> PeerRecord:
-        with self.lock:
-            depth = len(self.buffer)
-            rejected = group_totals(self.counts, 0)["rejected"]
-            sessions, left_out = self.intake.counters.summary()  # for withheld groups in `p2prl status`
         bans = self.reputation.snapshot()
         return new_record("learner", self.cfg.net.run_id, self.node.peer_id, policy_version=self.core.version,
-                          throughput=self.throughput, queue_depth=depth, banned=bans["banned"],
-                          banned_ids=bans["banned_ids"], rejected=rejected, reward=self.reward, acc=self.acc,
-                          sessions=sessions, sessions_left_out=left_out)
+                          throughput=self.throughput, banned=bans["banned"], banned_ids=bans["banned_ids"],
+                          reward=self.reward, acc=self.acc, **self.state.record_fields())
+
+
+def held(hold_file: str, stop: threading.Event) -> bool:
+    """Whether ``hold_file`` (``testing.hold_file``) exists (then wait a moment): the learner serves, admits and
+    answers busy, but takes no step."""
+    if hold_file and Path(hold_file).exists():
+        stop.wait(0.1)
+        return True
+    return False
 
 
 def wait_for_samplers(want: int, seen: Callable[[], set[str]], stop: threading.Event, timeout_s: float,

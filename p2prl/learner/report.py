@@ -1,8 +1,9 @@
 """What a learner reports: its counters as one snapshot, and what is made of it: the counters of a step's metrics
 line, the Prometheus families, the run's summary.
 
-``Learner.report()`` takes the snapshot (under the learner's lock, from whichever thread asks: the training loop,
-the metrics scrape); the functions here only read it, so they are tested on a hand-built snapshot.
+``Learner.counters()`` takes the snapshot (its state's counters under the state's lock, ``LearnerState.report``,
+from whichever thread asks: the training loop, the metrics scrape); the functions here only read it, so they are
+tested on a hand-built snapshot.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Runs on the training loop's thread. Partial, mixed or empty rounds are retried; after two rounds at one version
 with nobody to average with and nobody ahead, a learner steps alone (a slow or dead learner never blocks the
-others). The ledger and its admission buffer are touched under the learner's lock.
+others). A batch not stepped goes back to the learner's state (``state.py``), which counts what happened.
 """
 
 from __future__ import annotations
@@ -18,13 +18,14 @@ import torch
 
 from p2prl.algo.robust import Rule
 from p2prl.learner.checkpoint import disk_error
-from p2prl.swarm.averaging import GradientRounds, RoundFailed
+from p2prl.swarm.averaging import GradientRounds, Round, RoundFailed
 from p2prl.swarm.dht import key
 
 if TYPE_CHECKING:
     from p2prl.config import Config
     from p2prl.learner.core import LearnerCore
-    from p2prl.learner.ledger import GroupLedger
+    from p2prl.learner.ledger import OwnGroupFiles
+    from p2prl.learner.state import LearnerState
     from p2prl.rollout.record import RolloutGroup
     from p2prl.swarm.node import SwarmNode
 
@@ -32,28 +33,27 @@ log = logging.getLogger("p2prl.learner.core")
 
 
 @dataclass
-class Round:
-    """One version's gradient: this learner's, or the round's average with the other learners."""
+class Step:
+    """A version's step, to apply: this learner's ``batch``, the ``round`` (this learner's gradient alone, or the
+    round's average with the other learners), the metrics of its own gradient and when the step started."""
 
-    grad: torch.Tensor
-    weight: int  # samples averaged into it
-    learners: int
-    tags: list[list]  # [group id, policy version, weights sha256] of every group in it
+    batch: list[RolloutGroup]
+    round: Round
     metrics: dict
     started: float
 
 
 class LearnerRounds:
-    def __init__(self, cfg: Config, node: SwarmNode, core: LearnerCore, ledger: GroupLedger, lock: threading.Condition,
+    def __init__(self, cfg: Config, node: SwarmNode, core: LearnerCore, state: LearnerState, own: OwnGroupFiles,
                  out: Path):
-        """``lock``: the learner's, which guards ``ledger``; ``out``: where its own groups are written."""
-        self.cfg, self.node, self.core, self.ledger, self.lock, self.out = cfg, node, core, ledger, lock, out
-        self.buffer, self.counts = ledger.buffer, ledger.counts
+        """``state``: the learner's, which takes back a batch not stepped; ``own``: where its own groups are written
+        (``out``: its folder, named in a disk error)."""
+        self.cfg, self.node, self.core, self.state, self.own, self.out = cfg, node, core, state, own, out
         self.missed = 0  # rounds at this version that found nobody
         self.rounds: GradientRounds | None = None
 
     def step(self, batch: list[RolloutGroup], others: int, sha256: str, catch_up: Callable[[], bool],
-             stop: threading.Event) -> Round | None:
+             stop: threading.Event) -> Step | None:
         """The gradient of ``batch`` at the current version (whose weights hash is ``sha256``), averaged with the
         ``others`` learners at it; None: the round failed, the batch is put back. ``catch_up``: load the state of a
         learner ahead, True if it did (tried before stepping alone)."""
@@ -63,49 +63,45 @@ class LearnerRounds:
             stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
         # never applied nor sent; the batch goes back (retried at the next version)
         if not bool(torch.isfinite(grad).all()):
-            with self.lock:
-                self.counts["round/non_finite_own"] += 1
-                n = self.counts["round/non_finite_own"]
-                self.buffer.requeue(batch)
+            n = self.state.count("round/non_finite_own")
+            self.state.requeue(batch)
             if n <= 5 or n % 100 == 0:
                 log.warning("the gradient at v%d is not finite: not applied, not sent (%d so far)",
                             self.core.version, n)
             stop.wait(0.2)
             return None
         tags = [[g.group_id, g.policy_version, g.weights_sha256] for g in batch]
-        r = Round(grad, sum(g.group_size for g in batch), 1, tags, m, t0)
+        alone = Step(batch, Round(grad, 1, sum(g.group_size for g in batch), tags), m, t0)
         if not others:
-            return r
+            return alone
         # on disk before our gradient leaves: once it is in a round, the other members may apply it and
         # acknowledge our groups though we die before our own step (the restart retrains them from this file)
         try:
-            self.ledger.own.write(self.core.version + 1, batch)
+            self.own.write(self.core.version + 1, batch)
         except OSError as e:
             raise disk_error(self.out, e, f"the own groups of v{self.core.version + 1}") from e
         try:
-            got = self.gradient_rounds().average(grad, r.weight, self.core.version, sha256, tags, 1 + others)
+            got = self.gradient_rounds().average(grad, alone.round.weight, self.core.version, sha256, tags,
+                                                 1 + others)
             self.bad_members(got.bad)
-            r.grad, r.weight, r.learners, r.tags = got.grad, got.total_weight, got.group_size, got.groups
-            return r
+            return Step(batch, got, m, t0)
         except RoundFailed as e:
             self.bad_members(e.bad)
-            with self.lock:
-                self.counts[f"round/{e.reason}"] += 1
+            self.state.count(f"round/{e.reason}")
             log.log(logging.DEBUG if e.reason == "empty" else logging.INFO,
                     "gradient round at v%d failed: %s", self.core.version, e)
             self.missed = self.missed + 1 if e.reason == "no_round" else 0
             if self.missed >= 2 and batch and not stop.is_set() and not catch_up():
-                return r  # alone
-            with self.lock:  # a group another member also brought is left to that member (it keeps its state here)
-                self.buffer.requeue([g for g in batch if g.group_id not in e.drop])
+                return alone
+            # a group another member also brought is left to that member (it keeps its state here)
+            self.state.requeue([g for g in batch if g.group_id not in e.drop])
             stop.wait(0.2 if e.reason == "empty" else 0)
             return None
 
     def bad_members(self, bad: dict[str, str]) -> None:
         """Count and log the round members left out or refused (robust rounds), by reason."""
         for peer, reason in bad.items():
-            with self.lock:
-                self.counts[f"round/bad_member/{reason}"] += 1
+            self.state.count(f"round/bad_member/{reason}")
             log.warning("gradient round at v%d: member %s refused: %s", self.core.version, peer[-6:], reason)
 
     def gradient_rounds(self) -> GradientRounds:

@@ -161,10 +161,12 @@ MAX_GROUPS = 4096  # group tags one learner may contribute to a round
 
 @dataclass
 class Round:
-    grad: torch.Tensor  # the group's sample-weighted mean gradient, bit-identical on every member
-    group_size: int
-    total_weight: int
-    groups: list[list]  # [group id, policy version, weights sha256] of every learner's batch, sorted
+    """One version's gradient: a round's (bit-identical on every member), or a learner's own when it steps alone."""
+
+    grad: torch.Tensor  # the sample-weighted mean gradient
+    learners: int  # members whose gradients are in it
+    weight: int  # samples averaged into it
+    tags: list[list]  # [group id, policy version, weights sha256] of every learner's batch, sorted in a round
     bad: dict[str, str] = field(default_factory=dict)  # robust mode: members left out (peer id -> reason)
 
 

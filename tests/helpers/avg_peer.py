@@ -108,7 +108,7 @@ def main() -> None:
         r = rounds.average(grad, weight, version=7, sha256="ab" * 32, groups=[[f"{name}/0", 7, "ab" * 32]],
                            expected=group)
         np.save(out / f"{name}.npy", r.grad.numpy())
-        (out / f"{name}.group").write_text(f"{r.group_size} {r.total_weight}")
+        (out / f"{name}.group").write_text(f"{r.learners} {r.weight}")
     except RoundFailed as e:
         (out / f"{name}.err").write_text(e.reason)
     rounds.shutdown()

@@ -12,6 +12,7 @@ import pytest
 
 from p2prl.config import load_config
 from p2prl.learner.intake import ACTIVE_SENDER_S, RolloutIntake
+from p2prl.learner.state import LearnerState
 from p2prl.rollout.record import Limits
 from p2prl.sampler.loop import Sampler
 from p2prl.sampler.outbox import GIVE_UP_FAILURES
@@ -108,9 +109,10 @@ def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
     reputation = SimpleNamespace(rejected=rejected, reject=lambda p, r: rejected.append(r), vouched=lambda p: True,
                                  suspect=lambda p: False)
     ledger = SimpleNamespace(buffer=Buffer(waiting), counts=Counter())
-    lrn = RolloutIntake(cfg.flow, cfg.train.groups_per_step, Limits(), ledger, verifier=None, spot=None,
+    lrn = RolloutIntake(cfg.flow, cfg.train.groups_per_step, Limits(), LearnerState(ledger), verifier=None, spot=None,
                         reputation=reputation, version=lambda: 0, latest=lambda: None, learners=lambda: 1 + others)
     lrn.batch_limit = 1 << 16
+    lrn.buffer = ledger.buffer  # the stand-in queue, for the test to fill
 
     def admit(data, peer):
         if data == b"bad":
@@ -122,15 +124,25 @@ def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
     return lrn
 
 
+def sent(lrn: RolloutIntake, *peers: str, ago: float = 0.0) -> None:
+    """``peers`` sent records ``ago`` seconds ago."""
+    for p in peers:
+        lrn.state.sent(p, time.monotonic() - ago, forget_before=0.0)
+
+
+def counts(lrn: RolloutIntake) -> Counter:
+    return Counter(lrn.state.report()["counts"])
+
+
 def test_a_sampler_over_its_share_is_answered_busy_and_counted_others_are_not():
     # one learner, 4 groups a step, 2 steps in all: 8 waiting groups, 4 for each of two active samplers
     lrn = fake_learner([SimpleNamespace(sampler="near")] * 4)
-    lrn.senders.update(near=time.monotonic(), far=time.monotonic())
+    sent(lrn, "near", "far")
     assert lrn.admit_batch([b"g1", b"g2"], "near") == [("busy", "queue_full")] * 2
     assert lrn.admit_batch([b"f1", b"bad", b"f2", b"f3", b"f4", b"f5"], "far") == [
         ("accepted", ""), ("rejected", "malformed"), ("accepted", ""), ("accepted", ""), ("accepted", ""),
         ("busy", "queue_full")]
-    assert lrn.counts["busy"] == 3
+    assert counts(lrn)["busy"] == 3
     lrn.buffer[:] = [SimpleNamespace(sampler=s) for s in "abcdefgh"]  # full overall
     assert lrn.admit_batch([b"x"], "far") == [("busy", "queue_full")]
     lrn.admission.shutdown()
@@ -138,14 +150,13 @@ def test_a_sampler_over_its_share_is_answered_busy_and_counted_others_are_not():
 
 def test_queue_shares_shrink_with_more_learners_and_grow_when_samplers_go_quiet():
     lrn = fake_learner([], others=2)  # three learners: 2 groups a step each, 4 waiting in all
-    with lrn.lock:
-        assert lrn.queue_bounds() == (4, 4)
-        lrn.senders.update(a=time.monotonic(), b=time.monotonic())
-        assert lrn.queue_bounds() == (2, 4)
-        lrn.senders["b"] -= ACTIVE_SENDER_S + 1  # b sent nothing for a while: a may hold it all
-        assert lrn.queue_bounds() == (4, 4)
+    assert lrn.queue_bounds() == (4, 4)
+    sent(lrn, "a", "b")
+    assert lrn.queue_bounds() == (2, 4)
+    sent(lrn, "b", ago=ACTIVE_SENDER_S + 1)  # b sent nothing for a while: a may hold it all
+    assert lrn.queue_bounds() == (4, 4)
     lrn.admit_batch([b"x"], "c")
-    assert set(lrn.senders) == {"a", "c"}, "quiet samplers are forgotten"
+    assert set(lrn.state.senders(since=0.0)) == {"a", "c"}, "quiet samplers are forgotten"
     lrn.admission.shutdown()
 
 
@@ -154,9 +165,8 @@ def test_samplers_that_left_do_not_stop_the_one_there_from_filling_a_step():
     groups, and the learner takes 4 a step. Once it has its share it may still fill the step; beyond, it is busy
     (the learner and it waited for each other until the others aged out: up to ACTIVE_SENDER_S)."""
     lrn = fake_learner([SimpleNamespace(sampler="here")] * 3)
-    lrn.senders.update(here=time.monotonic(), gone1=time.monotonic(), gone2=time.monotonic())
-    with lrn.lock:
-        assert lrn.queue_bounds() == (3, 8)
+    sent(lrn, "here", "gone1", "gone2")
+    assert lrn.queue_bounds() == (3, 8)
     assert lrn.admit_batch([b"g1", b"g2"], "here") == [("accepted", ""), ("busy", "queue_full")]
     lrn.admission.shutdown()
 
@@ -171,17 +181,14 @@ def test_a_new_sampler_takes_a_share_of_the_queue_and_one_that_sends_garbage_doe
     lrn = fake_learner([SimpleNamespace(sampler="first")] * 8)  # 4 groups a step, 8 waiting in all: full
     lrn.reputation = Reputation(load_config(None, []).trust)
     lrn.reputation.vouch("first")
-    with lrn.lock:
-        lrn.senders["first"] = time.monotonic()
-        assert lrn.queue_bounds() == (8, 8)
+    sent(lrn, "first")
+    assert lrn.queue_bounds() == (8, 8)
     assert lrn.admit_batch([b"n1"], "new") == [("busy", "queue_full")]
-    with lrn.lock:
-        assert lrn.queue_bounds() == (4, 8)  # the new sampler has its share: "first" gets no more until it has room
+    assert lrn.queue_bounds() == (4, 8)  # the new sampler has its share: "first" gets no more until it has room
     lrn.reputation.reject("junk", "malformed")
     lrn.admit_batch([b"j"], "junk")
     lrn.reputation.reject("first", "malformed")
-    with lrn.lock:
-        assert lrn.queue_bounds() == (4, 8) and lrn.sharing("first") and not lrn.sharing("junk")
+    assert lrn.queue_bounds() == (4, 8) and lrn.sharing("first") and not lrn.sharing("junk")
     lrn.admission.shutdown()
 
 
@@ -201,13 +208,13 @@ def test_rollouts_handler_answers_each_group_and_counts_bad_batches_against_the_
     reply = run_rollouts(lrn, raw, "s")
     assert reply == {"results": [["accepted", ""], ["rejected", "malformed"], ["accepted", ""], ["busy", "queue_full"]],
                      "queue": 8, "free": 0}
-    assert lrn.bytes_in == len(raw)
+    assert lrn.state.report()["bytes_in"] == len(raw)
     assert run_rollouts(lrn, b"\x00\x00\x00\x02garbage", "s")["error"] == "truncated"
     assert run_rollouts(lrn, encode_batch([b"x"] * 5), "s")["error"] == "batch_size"
     big = run_rollouts(lrn, b"\x00" * (lrn.batch_limit + 1), "s")  # refused before it is read
     assert big["error"] == "oversized" and big["results"] == []
-    assert lrn.counts["rejected/batch_truncated"] == 1 and lrn.counts["rejected/batch_batch_size"] == 1
-    assert lrn.counts["rejected/batch_oversized"] == 1
+    assert counts(lrn)["rejected/batch_truncated"] == 1 and counts(lrn)["rejected/batch_batch_size"] == 1
+    assert counts(lrn)["rejected/batch_oversized"] == 1
     assert lrn.reputation.rejected == ["batch_truncated", "batch_batch_size", "batch_oversized"]
     latest = PolicyRecord(version=3, sha256="ab" * 32, size=10)
     lrn.latest = lambda: latest  # once it published: its newest record too

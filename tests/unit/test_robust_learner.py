@@ -9,6 +9,7 @@ import torch
 
 from p2prl.config import load_config
 from p2prl.learner.rounds import LearnerRounds
+from p2prl.learner.state import LearnerState
 from p2prl.swarm.averaging import Round, RoundFailed
 
 
@@ -45,12 +46,13 @@ class StepOf:
 
     def __init__(self, grad, answer):
         core = SimpleNamespace(gradient=lambda batch: (grad, {}), version=3, n_params=grad.numel())
-        ledger = SimpleNamespace(own=OwnFiles(), buffer=Buffer(), counts=Counter())
-        self.step_ = LearnerRounds(load_config(None, []), SimpleNamespace(), core, ledger, threading.Condition(),
+        ledger = SimpleNamespace(buffer=Buffer(), counts=Counter())
+        own = OwnFiles()
+        self.step_ = LearnerRounds(load_config(None, []), SimpleNamespace(), core, LearnerState(ledger), own,
                                    Path("."))  # (own groups go to the stand-in, not to disk)
-        self.rounds = Rounds(answer, ledger.own)
+        self.rounds = Rounds(answer, own)
         self.step_.gradient_rounds = lambda: self.rounds
-        self.others, self.counts, self.buffer, self.own = 1, ledger.counts, ledger.buffer, ledger.own
+        self.others, self.counts, self.buffer, self.own = 1, ledger.counts, ledger.buffer, own
 
     def step(self, batch):
         return self.step_.step(batch, self.others, "ab" * 32, lambda: False, threading.Event())
@@ -72,7 +74,7 @@ def test_a_non_finite_gradient_of_its_own_is_neither_sent_nor_applied():
 def test_refused_members_are_counted_by_reason():
     ok = Round(torch.zeros(2), 3, 8, [], bad={"peerRogue": "non_finite"})
     ln, batch = learner(torch.ones(2), answer=ok)
-    assert ln.step(batch).learners == 3
+    assert ln.step(batch).round.learners == 3
     assert ln.counts["round/bad_member/non_finite"] == 1
     ln.rounds.answer = RoundFailed("bad_member", "x", bad={"peerRogue": "missing"})
     assert ln.step(batch) is None

@@ -11,6 +11,7 @@ import pytest
 
 from p2prl.config import load_config
 from p2prl.learner.intake import RolloutIntake
+from p2prl.learner.state import LearnerState
 from p2prl.policy.model import PolicyLoadError
 from p2prl.rollout.record import Limits
 from p2prl.swarm.authority import Trust
@@ -148,7 +149,8 @@ def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
 def intake(admit_batch) -> RolloutIntake:
     """A learner's intake (records up to 1 KiB, an empty queue) whose admission thread runs ``admit_batch``."""
     ledger = SimpleNamespace(buffer=[], counts=Counter())
-    it = RolloutIntake(load_config(None, []).flow, 4, Limits(max_bytes=1 << 10), ledger, verifier=None, spot=None,
+    it = RolloutIntake(load_config(None, []).flow, 4, Limits(max_bytes=1 << 10), LearnerState(ledger), verifier=None,
+                       spot=None,
                        reputation=None, version=lambda: 0, latest=lambda: None, learners=lambda: 1)
     it.admit_batch = admit_batch
     return it

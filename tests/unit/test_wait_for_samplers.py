@@ -75,12 +75,14 @@ def test_samplers_seen_are_those_that_sent_groups_not_those_only_announced():
     from types import SimpleNamespace
 
     from p2prl.learner.intake import RolloutIntake
+    from p2prl.learner.state import LearnerState
     from p2prl.rollout.record import Limits
 
     buffer = SimpleNamespace(pending=[SimpleNamespace(sampler="sent")],  # queued: still counts
                              first=[SimpleNamespace(sampler="quiet-for-a-minute")])
-    intake = RolloutIntake(load_config(None, []).flow, 4, Limits(), SimpleNamespace(buffer=buffer, counts={}),
-                           verifier=None, spot=None, reputation=None, version=lambda: 0, latest=lambda: None,
-                           learners=lambda: 1)
-    intake.senders.update({"sent": 1.0, "sent-too": 2.0})  # a sampler only announced in the DHT is not seen
+    state = LearnerState(SimpleNamespace(buffer=buffer, counts={}))
+    intake = RolloutIntake(load_config(None, []).flow, 4, Limits(), state, verifier=None, spot=None, reputation=None,
+                           version=lambda: 0, latest=lambda: None, learners=lambda: 1)
+    for peer, t in {"sent": 1.0, "sent-too": 2.0}.items():  # a sampler only announced in the DHT is not seen
+        state.sent(peer, t, forget_before=0.0)
     assert intake.samplers_seen() == {"sent", "sent-too", "quiet-for-a-minute"}

@@ -11,6 +11,7 @@ import pytest
 
 from p2prl.config import TrustConfig, load_config
 from p2prl.learner.intake import RolloutIntake, SessionCounters
+from p2prl.learner.state import LearnerState
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, encode_group
 from p2prl.sampler.outbox import Outbox
 from p2prl.swarm import status
@@ -116,7 +117,7 @@ def test_admission_counts_the_counters_of_every_group_read_from_its_sampler():
             raise RecordError("duplicate")
 
     ledger = SimpleNamespace(check=check, admit=lambda *a: None, buffer=[], counts=Counter())
-    intake = RolloutIntake(load_config(None, []).flow, 4, Limits(max_bytes=1 << 16), ledger,
+    intake = RolloutIntake(load_config(None, []).flow, 4, Limits(max_bytes=1 << 16), LearnerState(ledger),
                            SimpleNamespace(check=lambda g: g), SimpleNamespace(wants=lambda gid, peer: False),
                            Reputation(TrustConfig(ban_threshold=10**6)), version=lambda: 2,
                            latest=lambda: None, learners=lambda: 1)
@@ -125,7 +126,8 @@ def test_admission_counts_the_counters_of_every_group_read_from_its_sampler():
     assert intake.admit(group("12D3KooWother/s/9", "12D3KooWother"), S) == ("rejected", "wrong_sender")
     assert intake.admit(b"junk", S)[0] == "rejected"
     intake.shutdown()
-    assert counted(intake.counters, f"{S}/s") == (3, [4]) and list(intake.counters.sessions) == [f"{S}/s"]
+    record = intake.state.record_fields()  # one session, 3 the highest counter read, 4 counters read in its block
+    assert record["sessions"] == [(f"{S}/s", 3, [4])] and record["sessions_left_out"] == 0
 
 
 # ---- the peer record's fields ---------------------------------------------------------------------------

@@ -1,0 +1,192 @@
+"""The learner's state, owned in one place: the group ledger and its admission buffer, the learner's one counter, the
+lags of the groups it trained, the samplers that sent it records and their sessions' group counters.
+
+``LearnerState`` is a monitor: every method takes its lock, which nobody else sees, so each is one step of the
+state whichever thread calls it (the admission thread admits, the network loop answers acks, the training loop takes
+batches and commits steps, the heartbeat and metrics threads read reports). ``take`` waits on it for an admission.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from typing import TYPE_CHECKING
+
+from p2prl.learner.intake import SessionCounters
+from p2prl.metrics import group_totals
+
+if TYPE_CHECKING:
+    from p2prl.learner.ledger import GroupLedger
+    from p2prl.rollout.record import RolloutGroup
+
+
+class LearnerState:
+    def __init__(self, ledger: GroupLedger):
+        """``ledger``: restored already (``GroupLedger.restore``); from now on it is touched only through here."""
+        self._ledger = ledger
+        self._counts: Counter[str] = ledger.counts  # the learner's one counter (the ledger's buffer counts in it)
+        self._changed = threading.Condition()  # the lock; notified on admission
+        self._lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
+        self._senders: dict[str, float] = {}  # sampler -> when it last sent records (monotonic)
+        self._sessions = SessionCounters()  # the group counters each sampler session sent
+        self._bytes_in = 0  # rollout records received
+
+    # ---- counters -------------------------------------------------------------------------------
+    def count(self, key: str, n: int = 1) -> int:
+        """Add ``n`` to the counter ``key``; its new value."""
+        with self._changed:
+            self._counts[key] += n
+            return self._counts[key]
+
+    def flag(self, key: str) -> bool:
+        """Set the counter ``key`` to 1 if it is 0: True the first time (a condition warned about once)."""
+        with self._changed:
+            first = not self._counts[key]
+            self._counts[key] = max(self._counts[key], 1)
+            return first
+
+    def received(self, n: int) -> None:
+        """``n`` bytes of rollout records read."""
+        with self._changed:
+            self._bytes_in += n
+
+    # ---- intake: senders, admission, acknowledgements ------------------------------------------------
+    def sent(self, peer: str, now: float, forget_before: float) -> None:
+        """``peer`` sends records at ``now``; samplers quiet since ``forget_before`` are forgotten."""
+        with self._changed:
+            self._senders[peer] = now
+            for p in [p for p, t in self._senders.items() if t < forget_before]:
+                del self._senders[p]
+
+    def senders(self, since: float) -> list[str]:
+        """The samplers that sent records at or after ``since``."""
+        with self._changed:
+            return [p for p, t in self._senders.items() if t >= since]
+
+    def samplers_seen(self) -> set[str]:
+        """Samplers that sent records lately or whose groups wait here."""
+        with self._changed:
+            buffer = self._ledger.buffer
+            return set(self._senders) | {g.sampler for g in [*buffer.pending, *buffer.first]}
+
+    def waiting(self, peer: str) -> tuple[int, int]:
+        """(groups of ``peer`` waiting to be trained, all groups waiting)."""
+        with self._changed:
+            waiting = self._ledger.buffer.pending + self._ledger.buffer.first
+            return sum(g.sampler == peer for g in waiting), len(waiting)
+
+    def depth(self) -> int:
+        """Groups admitted and waiting to be trained."""
+        with self._changed:
+            return len(self._ledger.buffer)
+
+    def check(self, g: RolloutGroup, version: int) -> None:
+        """Count ``g``'s counter as read from its session; raise ``RecordError`` if the ledger refuses it."""
+        with self._changed:
+            self._sessions.note(g.group_id)  # read, whatever becomes of it: not withheld
+            self._ledger.check(g, version)
+
+    def admit(self, g: RolloutGroup, version: int) -> None:
+        """Admit ``g`` (checked, verified) and wake the training loop."""
+        with self._changed:
+            self._ledger.admit(g, version)
+            self._changed.notify_all()
+
+    def reject(self, reason: str, banned: str | None = None) -> int:
+        """Count a rejected record; ``banned``: its sampler, banned by it, whose waiting groups are dropped. How many
+        records were rejected for ``reason`` so far."""
+        with self._changed:
+            self._counts[f"rejected/{reason}"] += 1
+            if banned is not None:  # its groups still waiting are not trained (answered dropped)
+                self._counts["dropped_banned"] += self._ledger.drop_sampler(banned)
+            return self._counts[f"rejected/{reason}"]
+
+    def states_of(self, ids: list[str]) -> dict[str, str]:
+        """What became of each group of ``ids`` (the ``acks`` answer)."""
+        with self._changed:
+            return self._ledger.states_of(ids)
+
+    # ---- the training loop ------------------------------------------------------------------------
+    def take(self, share: int, full: int, version: int, join: bool, wait_s: float) -> list[RolloutGroup] | None:
+        """A batch of this learner's ``share`` (``full``: the swarm-wide batch, for the retrain backlog) by the
+        admission rule at ``version``; ``join``: else whatever is here (possibly nothing). None after waiting up to
+        ``wait_s`` for an admission."""
+        with self._changed:
+            buffer = self._ledger.buffer
+            share = self._ledger.take_size(share, full)
+            batch = buffer.select(share, version)
+            if batch is None and join:
+                batch = buffer.select(min(share, len(buffer)), version)  # join the round with what is here
+            if batch is None:
+                self._changed.wait(timeout=wait_s)
+            return batch
+
+    def requeue(self, groups: list[RolloutGroup]) -> None:
+        """Put back groups taken but not trained (a failed round)."""
+        with self._changed:
+            self._ledger.buffer.requeue(groups)
+
+    def retrained(self, batch: list[RolloutGroup]) -> list[str]:
+        """The ids of ``batch`` that are own groups of a lost history, retrained."""
+        with self._changed:
+            return [g.group_id for g in batch if g.group_id in self._ledger.buffer.retrain]
+
+    def commit(self, v: int, ids: set[str], batch: list[RolloutGroup], confirmed: bool, now: float) -> None:
+        """Version ``v`` stepped from ``v - 1`` on the round's groups ``ids``, this learner's ``batch`` among them:
+        their lags counted, the groups recorded as trained (acknowledged if ``confirmed``)."""
+        with self._changed:
+            self._lags.update(v - 1 - g.policy_version for g in batch)
+            self._ledger.record(v, ids, batch, confirmed, now)
+
+    def settle(self, confirmed: int, before: float) -> None:
+        with self._changed:
+            self._ledger.settle(confirmed, before)
+
+    def publish(self, v: int, sha: str) -> None:
+        with self._changed:
+            self._ledger.publish(v, sha)
+
+    def published(self, v: int) -> str | None:
+        """The weights hash this learner published for version ``v``, if it remembers one."""
+        with self._changed:
+            return self._ledger.published.get(v)
+
+    def adopt(self, version: int, published: dict[int, str], trained: set[str]) -> int:
+        """A loaded history replaces ours (``GroupLedger.adopt``); the first version where they differ."""
+        with self._changed:
+            diverged = self._ledger.adopt(version, published, trained)
+            self._counts["sync/loaded"] += 1
+            return diverged
+
+    def history(self) -> tuple[dict[str, str], list[str]]:
+        with self._changed:
+            return self._ledger.history()
+
+    def checkpoint_state(self) -> dict:
+        with self._changed:
+            return self._ledger.checkpoint_state()
+
+    def checkpointed(self) -> None:
+        """A checkpoint is on disk: lost groups retrained, and that on disk: their files can go."""
+        with self._changed:
+            self._ledger.checkpointed()
+
+    def backlog(self) -> int:
+        """Own groups of a lost history not retrained yet."""
+        with self._changed:
+            return len(self._ledger.buffer.retrain)
+
+    # ---- reports ----------------------------------------------------------------------------------
+    def report(self) -> dict:
+        """The counters as one snapshot: ``LearnerReport``'s ``counts``, ``lags``, ``queue_depth``, ``bytes_in``."""
+        with self._changed:
+            return {"counts": dict(self._counts), "lags": dict(self._lags), "queue_depth": len(self._ledger.buffer),
+                    "bytes_in": self._bytes_in}
+
+    def record_fields(self) -> dict:
+        """A peer record's ``queue_depth``, ``rejected``, ``sessions`` and ``sessions_left_out`` (the latter two for
+        withheld groups in ``p2prl status``)."""
+        with self._changed:
+            sessions, left_out = self._sessions.summary()
+            return {"queue_depth": len(self._ledger.buffer), "rejected": group_totals(self._counts, 0)["rejected"],
+                    "sessions": sessions, "sessions_left_out": left_out}
