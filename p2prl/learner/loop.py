@@ -124,7 +124,7 @@ class Learner:
                             cfg.net.run_id, s.group_size, s.max_new_tokens, task_seed=cfg.task.seed)
         self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.ledger, verifier, self.spot,
                                     self.reputation, lambda: self.core.version, lambda: self.latest,
-                                    lambda: 1 + len(self.membership.others), node.trust.record_bytes)
+                                    lambda: 1 + len(self.membership.others), lambda: node.trust.record)
         self.lock = self.intake.lock
         self.rounds = LearnerRounds(cfg, node, self.core, self.ledger, self.lock, self.out)
 

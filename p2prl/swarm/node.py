@@ -6,7 +6,9 @@ it on an asyncio loop in a background thread, so role loops stay plain blocking 
 the typed records (``dht.py``) and their checks, the ban and limit gate on served streams and
 every timeout: every network call has one. Messages on a stream are frames: an 8-byte big-endian
 length, then the payload written in 64 KiB chunks; a frame longer than the reader's
-bound is refused before it is read.
+bound is refused before it is read. The request/reply protocols (``messages.PROTOCOLS``) are framed, bounded,
+decoded and refused here (``serve_rpc``, ``call``): their handlers and callers see typed messages only; the bulk
+ones (``weights``, ``state``) stream their replies themselves (``serve``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import random
 import threading
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import msgpack
 
@@ -26,6 +28,7 @@ from p2prl.swarm.authority import Trust, TrustError
 from p2prl.swarm import owned, reach
 from p2prl.swarm.dht import BootstrapError, start_dht, wait_for_peers_file
 from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.messages import CONTROL, PROTOCOLS, Bounds, MessageError
 from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.transport import HivemindTransport, Transport
@@ -34,6 +37,7 @@ log = logging.getLogger("p2prl.node")
 
 CHUNK = 1 << 16
 Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+RpcHandler = Callable[[str, Any], Awaitable[Any]]  # (peer id, request) -> reply, or None for no answer
 
 
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
@@ -315,7 +319,8 @@ class SwarmNode(Records):
         return f"p2prl/{self.cfg.run_id}/{name}"
 
     def serve(self, name: str, handler: Handler, timeout_s: float | None = None, learners_only: bool = False) -> None:
-        """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
+        """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop (bulk streams;
+        request/reply protocols are ``serve_rpc``'s).
 
         One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
         handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
@@ -365,6 +370,36 @@ class SwarmNode(Records):
                     self.limits.leave(peer, name, pooled)
 
         self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
+
+    def serve_rpc(self, name: str, handler: RpcHandler, bounds: Bounds = CONTROL,
+                  on_bad: Callable[[str, MessageError], object] | None = None, timeout_s: float | None = None,
+                  learners_only: bool = False) -> None:
+        """Serve request/reply protocol ``name`` of ``PROTOCOLS``: ``handler(peer_id, request)`` gets the request
+        decoded within ``bounds`` and returns the reply (None: no answer), which is sent. A request that does not
+        parse or is over ``bounds.frame`` (``MessageError``, reason ``oversized`` for the latter) goes to ``on_bad(peer,
+        error)`` instead, whose reply (if not None) is sent; without ``on_bad`` an oversized request counts against
+        the peer's reputation (as on every stream, ``serve``), a malformed one is counted (``bad_request/<name>``)
+        and left unanswered. Bans, limits and timeouts as ``serve``."""
+        request_type = PROTOCOLS[name].request
+
+        async def on_stream(peer, reader, writer):
+            try:
+                request = request_type.decode(await read_frame(reader, bounds.frame), bounds)
+            except (FrameError, MessageError) as e:
+                if on_bad is None:
+                    if isinstance(e, FrameError):
+                        raise
+                    if self.limits is not None:
+                        self.limits.count(f"bad_request/{name}")
+                    log.info("malformed %s request from %s: %s", name, peer[-6:], e)
+                    return
+                reply = on_bad(peer, e if isinstance(e, MessageError) else MessageError("oversized", str(e)))
+            else:
+                reply = await handler(peer, request)
+            if reply is not None:
+                await write_frame(writer, reply.encode())
+
+        self.serve(name, on_stream, timeout_s, learners_only)
 
     async def _hold(self, peer: str) -> None:
         """Pause before refusing a stream of ``peer`` (banned, or over its limits) while it has few such streams held
@@ -418,15 +453,25 @@ class SwarmNode(Records):
         return reply
 
     def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
-        """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``);
-        ``Refused`` if the peer refused the stream (banned or over its limits)."""
+        """Open a stream to ``peer_id``, send one frame, return the one-frame reply undecoded (within ``timeout_s``):
+        a bulk reply (``state``); ``Refused`` if the peer refused the stream (banned or over its limits)."""
         return self.run(self._exchange(peer_id, name, payload, max_reply), timeout=timeout_s or self.cfg.rpc_timeout_s)
 
-    def submit(self, peer_id: str, name: str, payload: bytes, max_reply: int,
-               timeout_s: float | None = None) -> concurrent.futures.Future:
-        """``request`` without waiting: a future of the reply (or of the exception), done within ``timeout_s``."""
-        coro = asyncio.wait_for(self._exchange(peer_id, name, payload, max_reply), timeout_s or self.cfg.rpc_timeout_s)
+    def call(self, peer_id: str, name: str, request, bounds: Bounds = CONTROL, timeout_s: float | None = None):
+        """Send ``request`` on protocol ``name`` (a request/reply one of ``PROTOCOLS``) to ``peer_id`` and return its
+        reply, decoded within ``bounds`` (within ``timeout_s``); ``Refused`` if the peer refused the stream,
+        ``MessageError`` if the reply does not parse."""
+        return self.run(self._call(peer_id, name, request, bounds), timeout=timeout_s or self.cfg.rpc_timeout_s)
+
+    def call_async(self, peer_id: str, name: str, request, bounds: Bounds = CONTROL,
+                   timeout_s: float | None = None) -> concurrent.futures.Future:
+        """``call`` without waiting: a future of the reply (or of the exception), done within ``timeout_s``."""
+        coro = asyncio.wait_for(self._call(peer_id, name, request, bounds), timeout_s or self.cfg.rpc_timeout_s)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _call(self, peer_id: str, name: str, request, bounds: Bounds):
+        reply_type = PROTOCOLS[name].reply
+        return reply_type.decode(await self._exchange(peer_id, name, request.encode(), bounds.frame), bounds)
 
     def transfer_timeout(self, nbytes: int) -> float:
         """Time allowed for moving ``nbytes``: the RPC timeout plus one second per MB (a 8 Mbit/s floor)."""
