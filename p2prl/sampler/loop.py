@@ -424,6 +424,7 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         prom.stop_metrics(server)
         keeper.close()
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), **sampler.outbox.whereabouts(),
+    outbox = sampler.link.outbox
+    return {"groups_made": sampler.core.groups_made, "unsettled": len(outbox), **outbox.whereabouts(),
             "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}
