@@ -270,7 +270,8 @@ def test_sampler_sends_a_window_and_handles_each_groups_answer():
     fut.set_result(pack({"results": [["accepted", ""], ["busy", "queue_full"]], "queue": 1, "free": 3}))
     s.link.collect()
     assert s.link.outbox.groups["S/0"].learner == "L1" and not s.link.outbox.groups["S/0"].sending
-    assert s.link.outbox.groups["S/1"].learner is None and s.link.outbox.counts["send/busy"] == 1 and "L1" in s.link.outbox.rtt
+    box = s.link.outbox
+    assert box.groups["S/1"].learner is None and box.counts["send/busy"] == 1 and "L1" in box.rtt
     assert s.link.outbox.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
     s.link.flush()
     assert len(s.node.sent) == 1
@@ -346,7 +347,8 @@ def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
                          "queue": 3, "free": 5, "policy": policy(2)}))
     s.link.collect()
     assert sorted(s.link.outbox.groups) == ["S/1", "S/2", "S/3"] and s.link.outbox.counts["acked/trained"] == 1
-    assert s.link.outbox.groups["S/1"].learner is None and s.link.outbox.counts["send/resend"] == 1 and s.link.outbox.groups["S/2"].learner == "L1"
+    box = s.link.outbox
+    assert box.groups["S/1"].learner is None and box.counts["send/resend"] == 1 and box.groups["S/2"].learner == "L1"
     assert (s.link.outbox.queues["L1"], s.link.outbox.free["L1"]) == (3, 5) and not s.link.acking
     assert not s.wake.is_set(), "the learner is at the version we hold"
 

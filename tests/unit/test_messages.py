@@ -100,7 +100,8 @@ PINNED = [
     (RolloutReply("rejected", "oversized", 0), pack({"status": "rejected", "reason": "oversized", "queue": 0})),
     (AcksRequest(("S/1", "S/2")), pack({"ids": ["S/1", "S/2"]})),
     (AcksReply({"S/1": "trained"}, 2, 7, POLICY, RUN),
-     pack({"states": {"S/1": "trained"}, "queue": 2, "free": 7, "policy": POLICY.encode(), "run_record": RUN.encode()})),
+     pack({"states": {"S/1": "trained"}, "queue": 2, "free": 7, "policy": POLICY.encode(),
+           "run_record": RUN.encode()})),
     (AcksReply({}, 0), pack({"states": {}, "queue": 0})),
     (HelloRequest(), pack({})),
     (StateRequest(), pack({})),
@@ -128,7 +129,8 @@ def test_nested_records_are_decoded_once_and_a_bad_one_is_none():
     reply = RolloutsReply.decode(pack({"results": [], "queue": 0, "free": 0, "policy": POLICY.encode(),
                                        "run_record": RUN.encode()}))
     assert reply.policy == POLICY and reply.run_record == RUN
-    assert RolloutsReply.decode(pack({"results": [["a", "b"], ["c"], 5], "queue": 0, "free": 0})).results == (("a", "b"),)
+    odd = pack({"results": [["a", "b"], ["c"], 5], "queue": 0, "free": 0})
+    assert RolloutsReply.decode(odd).results == (("a", "b"),)
 
 
 # ---- the node's side: a bad request goes to on_bad, or is counted and left unanswered ----------------------
@@ -151,8 +153,8 @@ def serve_one(name, raw, on_bad=None, bounds=Bounds()):
 
 def test_the_node_decodes_requests_and_frames_replies():
     handled, data = serve_one("hello", pack({}))
-    assert handled == [HelloRequest()] and data == len(HelloReply(None, ("peer",)).encode()).to_bytes(8, "big") + \
-        HelloReply(None, ("peer",)).encode()
+    reply = HelloReply(None, ("peer",)).encode()
+    assert handled == [HelloRequest()] and data == len(reply).to_bytes(8, "big") + reply
 
 
 def test_a_bad_request_goes_to_on_bad_whose_reply_is_sent():
@@ -181,7 +183,8 @@ def protocol_table() -> str:
 
 
 def test_the_docs_table_of_protocols_is_the_registry():
-    assert protocol_table() in DOCS.read_text(), "docs/protocol.md's table differs; it should read:\n" + protocol_table()
+    table = protocol_table()
+    assert table in DOCS.read_text(), "docs/protocol.md's table differs; it should read:\n" + table
     docs = DOCS.read_text()
     for p in PROTOCOLS.values():  # and describes each (a section, or the robust rounds' text for grad-blob)
         assert f"### `{p.name}`" in docs or f"`p2prl/<run>/{p.name}`" in docs, f"docs/protocol.md omits {p.name}"
