@@ -1,6 +1,7 @@
-"""The learner's intake: rollout records in, acknowledgements out (the ``rollout``, ``rollouts`` and ``acks`` streams).
+"""The learner's intake: rollout records in, acknowledgements out (the ``rollout``, ``rollouts`` and ``acks``
+requests, typed: ``swarm/messages.py``).
 
-Threads: the stream handlers run on the node's network loop; decoding, verification (rewards recomputed) and,
+Threads: the request handlers run on the node's network loop; decoding, verification (rewards recomputed) and,
 for a share of groups, log-prob spot checks (``spotcheck.py``) run on the single admission thread, so a slow
 reward function stalls no other stream. What it admits, counts and answers goes through the learner's state
 (``state.py``: the group ledger and its admission buffer, shared with the training loop, behind the state's own lock).
@@ -22,15 +23,16 @@ from typing import TYPE_CHECKING, Callable
 from p2prl.rollout.record import Limits, RecordError, decode_group
 from p2prl.rollout.verify import MAX_COUNTER_DIGITS
 from p2prl.swarm.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
-from p2prl.swarm.node import FrameError, read_frame, write_frame
-from p2prl.swarm.protocol import (MAX_ACK_IDS, MAX_CONTROL_BYTES, BatchError, batch_frame_limit, decode_batch, pack,
-                                  queue_bounds, queue_room, unpack_map)
+from p2prl.swarm.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, MessageError, RolloutReply,
+                                  RolloutRequest, RolloutsReply, RolloutsRequest, batch_frame_limit)
+from p2prl.swarm.protocol import queue_bounds, queue_room
 
 if TYPE_CHECKING:
     from p2prl.config import FlowConfig
     from p2prl.learner.spotcheck import SpotChecker
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.verify import Verifier
+    from p2prl.swarm.authority import RunRecord
     from p2prl.swarm.dht import PolicyRecord
     from p2prl.swarm.reputation import Reputation
     from p2prl.swarm.transport import Delivery
@@ -103,11 +105,11 @@ class RolloutIntake:
     def __init__(self, flow: FlowConfig, groups_per_step: int, limits: Limits, state: LearnerState,
                  verifier: Verifier, spot: SpotChecker, reputation: Reputation, version: Callable[[], int],
                  latest: Callable[[], PolicyRecord | None], learners: Callable[[], int],
-                 run_record: Callable[[], bytes | None] = lambda: None):
+                 run_record: Callable[[], RunRecord | None] = lambda: None):
         """``state``: the learner's, which admits and answers; ``version``: the learner's current version;
         ``latest``: the newest policy record it published (named in replies); ``learners``: how many learners train
-        the run (this one included), which splits a step; ``run_record``: the run record it holds, encoded (authority
-        runs; sent in replies too)."""
+        the run (this one included), which splits a step; ``run_record``: the run record it holds (authority runs;
+        sent in replies too)."""
         self.flow, self.groups_per_step, self.limits, self.state = flow, groups_per_step, limits, state
         self.verifier, self.spot, self.reputation = verifier, spot, reputation
         self.version, self.latest, self.learners, self.run_record = version, latest, learners, run_record
@@ -115,9 +117,10 @@ class RolloutIntake:
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
 
     def serve(self, node: Delivery) -> None:
-        node.serve("rollouts", self.on_rollouts, node.transfer_timeout(self.batch_limit))
-        node.serve("rollout", self.on_rollout)
-        node.serve("acks", self.on_acks)
+        batch = Bounds(frame=self.batch_limit, groups=self.flow.max_batch_groups)
+        node.serve_rpc("rollouts", self.on_rollouts, batch, self.bad_batch, node.transfer_timeout(self.batch_limit))
+        node.serve_rpc("rollout", self.on_rollout, Bounds(frame=self.limits.max_bytes), self.bad_record)
+        node.serve_rpc("acks", self.on_acks, on_bad=self.bad_acks)
 
     def shutdown(self) -> None:
         """Stop admitting: records still arriving are left unanswered (their samplers send them again)."""
@@ -198,69 +201,67 @@ class RolloutIntake:
             out.append(("busy", "queue_full") if busy else self.admit(data, peer))
         return out
 
-    # ---- stream handlers (on the network loop) --------------------------------------------------------
-    async def on_rollout(self, peer: str, reader, writer) -> None:
-        try:
-            data = await read_frame(reader, self.limits.max_bytes)
-            self.state.received(len(data))
-        except FrameError as e:
-            self.state.count("rejected/oversized")
-            self.reputation.reject(peer, "oversized")
-            log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
-            await write_frame(writer, pack({"status": "rejected", "reason": "oversized", "queue": 0}))
-            return
+    # ---- request handlers (on the network loop) ------------------------------------------------------
+    async def on_rollout(self, peer: str, req: RolloutRequest) -> RolloutReply | None:
+        self.state.received(len(req.record))
         try:
             [(status, reason)] = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch,
-                                                                                  [data], peer)
+                                                                                  [req.record], peer)
         except RuntimeError:  # this learner is stopping (its admission thread is shut): no answer, the sampler resends
             log.debug("stopping: left a record from %s unanswered", peer[-6:])
-            return
-        queue = self.state.depth()
-        await write_frame(writer, pack({"status": status, "reason": reason, "queue": queue}))
+            return None
+        return RolloutReply(status, reason, self.state.depth())
 
-    async def on_rollouts(self, peer: str, reader, writer) -> None:
-        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space.
-        A batch that does not parse counts against ``peer``'s reputation, as a bad record does."""
-        results, error = [], ""
+    def bad_record(self, peer: str, e: MessageError) -> RolloutReply:
+        """A ``rollout`` request over the record bound (the only way one fails to decode)."""
+        self.state.count("rejected/oversized")
+        self.reputation.reject(peer, "oversized")
+        log.warning("rejected a record from %s: oversized: %s", peer[-6:], e)
+        return RolloutReply("rejected", "oversized", 0)
+
+    async def on_rollouts(self, peer: str, req: RolloutsRequest) -> RolloutsReply | None:
+        """A batch of records: each admitted as by ``rollout``, one result per record, then queue and free space."""
+        self.state.received(req.nbytes)
         try:
-            raw = await read_frame(reader, self.batch_limit)
-            self.state.received(len(raw))
-            records = decode_batch(raw, self.flow.max_batch_groups)
-        except (FrameError, BatchError) as e:
-            error = e.reason if isinstance(e, BatchError) else "oversized"
-            self.reputation.reject(peer, f"batch_{error}")
-            n = self.state.count(f"rejected/batch_{error}")
-            if n <= 5 or n % 100 == 0:
-                log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
-        if not error:
-            try:
-                results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch, records,
-                                                                           peer)
-            except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
-                log.debug("stopping: left a batch from %s unanswered", peer[-6:])
-                return
+            results = await asyncio.get_running_loop().run_in_executor(self.admission, self.admit_batch,
+                                                                       list(req.records), peer)
+        except RuntimeError:  # this learner is stopping: no answer, the sampler sends the batch again
+            log.debug("stopping: left a batch from %s unanswered", peer[-6:])
+            return None
         queue, free = self.state.depth(), self.room(peer)
-        reply = {"results": [list(r) for r in results], "queue": queue, "free": free, **self.policy_hint()}
-        await write_frame(writer, pack({**reply, "error": error} if error else reply))
+        policy, run_record = self.policy_hint()
+        return RolloutsReply(tuple(results), queue, free, policy, run_record=run_record)
 
-    async def on_acks(self, peer: str, reader, writer) -> None:
-        try:
-            ids = unpack_map(await read_frame(reader, MAX_CONTROL_BYTES), {"ids": list})["ids"]
-        except ValueError as e:
-            self.state.count("rejected/bad_ack_request")
-            self.reputation.reject(peer, "bad_ack_request")
-            log.warning("bad ack request from %s: %s", peer[-6:], e)
-            return
-        ids = [i for i in ids[:MAX_ACK_IDS] if isinstance(i, str) and i.startswith(peer + "/")]
+    def bad_batch(self, peer: str, e: MessageError) -> RolloutsReply:
+        """A batch that does not parse: answered with its reason and no results, counted against ``peer``'s
+        reputation as a bad record is."""
+        self.reputation.reject(peer, f"batch_{e.reason}")
+        n = self.state.count(f"rejected/batch_{e.reason}")
+        if n <= 5 or n % 100 == 0:
+            log.warning("rejected a batch from %s: %s (%d so far)", peer[-6:], e, n)
+        queue, free = self.state.depth(), self.room(peer)
+        policy, run_record = self.policy_hint()
+        return RolloutsReply((), queue, free, policy, error=e.reason, run_record=run_record)
+
+    async def on_acks(self, peer: str, req: AcksRequest) -> AcksReply:
+        ids = [i for i in req.ids[:MAX_ACK_IDS] if i.startswith(peer + "/")]
         states = self.state.states_of(ids)
         queue, free = self.state.depth(), self.room(peer)
-        await write_frame(writer, pack({"states": states, "queue": queue, "free": free, **self.policy_hint()}))
+        policy, run_record = self.policy_hint()
+        return AcksReply(states, queue, free, policy, run_record)
 
-    def policy_hint(self) -> dict:
-        """``{"policy": record}``: the newest version this learner published, as in the DHT, for the samplers that
-        send to it (a far sampler then skips the DHT look-up of the newest version); in an authority run also
-        ``"run_record"``, the newest run record it holds (a revocation reaches its samplers even where the DHT
-        holds only older ones)."""
-        latest, run_record = self.latest(), self.run_record()
-        return ({"policy": latest.encode()} if latest is not None else {}) | (
-            {"run_record": run_record} if run_record is not None else {})
+    def bad_acks(self, peer: str, e: MessageError) -> None:
+        """An ``acks`` request that does not parse: counted and left unanswered (an oversized one counts against the
+        peer as an oversized request on any stream does)."""
+        if e.reason == "oversized":
+            self.reputation.reject(peer, "oversized_request")
+            return
+        self.state.count("rejected/bad_ack_request")
+        self.reputation.reject(peer, "bad_ack_request")
+        log.warning("bad ack request from %s: %s", peer[-6:], e)
+
+    def policy_hint(self) -> tuple[PolicyRecord | None, RunRecord | None]:
+        """(the newest version this learner published, as in the DHT, for the samplers that send to it: a far sampler
+        then skips the DHT look-up of the newest version; in an authority run the newest run record it holds, else
+        None: a revocation reaches its samplers even where the DHT holds only older ones)."""
+        return self.latest(), self.run_record()

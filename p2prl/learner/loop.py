@@ -125,7 +125,7 @@ class Learner:
                             cfg.net.run_id, s.group_size, s.max_new_tokens, task_seed=cfg.task.seed)
         self.intake = RolloutIntake(cfg.flow, cfg.train.groups_per_step, limits, self.state, verifier, self.spot,
                                     self.reputation, lambda: self.core.version, lambda: self.latest,
-                                    lambda: 1 + len(self.membership.others), node.trust.record_bytes)
+                                    lambda: 1 + len(self.membership.others), lambda: node.trust.record)
         self.rounds = LearnerRounds(cfg, node, self.core, self.state, self.own, self.out)
         # opened and set by start(): the training log, the metrics log, the progress bar, the clocks
         self.train_log: IO[str] | None = None

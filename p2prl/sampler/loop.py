@@ -11,21 +11,20 @@ a learner's reply names a version newer than the one held (its policy record, wh
 the DHT look-up; a learner ``FAR_RTT_S`` away serves that version itself).
 A group stays in the outbox until a learner reports it trained, dropped or rejected; if
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
-learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``). In a
-run with an authority (``swarm/authority.py``) it waits for the run record the authority signed,
-checks the run's config against it, and loads versions from and sends groups to authorized
-learners only.
+learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``), the
+requests and replies ``LearnerLink``'s (``sampler/delivery.py``). In a run with an authority
+(``swarm/authority.py``) it waits for the run record the authority signed, checks the run's
+config against it, and loads versions from and sends groups to authorized learners only.
 
-Threads: the loop thread owns the outbox, the requests in flight and the generator. The sync
-thread hands a fetched version to it through ``fetched`` and takes learners' hints from
-``hints`` (locked slots); it reads the round-trip times the loop publishes in ``rtts``. The
+Threads: the loop thread owns the link (its outbox and requests in flight) and the generator. The
+sync thread hands a fetched version to it through ``fetched`` and takes learners' hints from
+``hints`` (locked slots); it reads the round-trip times the loop publishes in ``link.rtts``. The
 heartbeat thread replaces ``learners`` whole. Counters the sync thread also writes are
 taken under ``lock``; the metrics scrape reads the outbox's last published ``view``.
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import logging
 import math
@@ -35,7 +34,6 @@ import sys
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -46,16 +44,15 @@ from p2prl.policy import Policy, load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
-from p2prl.sampler.outbox import Outbox
-from p2prl.sampler.report import SamplerProgress, SamplerSnapshot
+from p2prl.sampler.delivery import LearnerLink
+from p2prl.sampler.report import SamplerProgress, SamplerSnapshot, sampler_metrics
 from p2prl.swarm import peerbook
-from p2prl.swarm.authority import Trust
+from p2prl.swarm.authority import RunRecord, Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.swarm.fetch import fetch_weights
 from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import Refused, SwarmNode, backoff, wait_until
-from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, AcksReply, BatchReply, WeightStore, encode_batch, pack,
-                                  weights_handler)
+from p2prl.swarm.node import SwarmNode, wait_until
+from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.tasks import make_task
@@ -64,7 +61,6 @@ log = logging.getLogger("p2prl.sampler.core")
 
 FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it names from it, no holders look-up
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
-ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap)
 START_POLL_CAP_S = 0.5  # longest pause between them
 LOADED_LISTED = 256  # the summary lists the versions loaded, at most this many (the most recent)
@@ -91,30 +87,6 @@ class Slot(Generic[T]):
         return self._value is None
 
 
-class BatchRefused(ConnectionError):
-    """A ``rollouts`` reply with an error: the learner took none of the batch's groups."""
-
-
-@dataclass
-class AcksRequest:
-    """One ``acks`` request in flight."""
-
-    learner: str
-    ids: list[str]
-    reply: Future
-
-
-@dataclass
-class Batch:
-    """One ``rollouts`` request in flight."""
-
-    learner: str
-    ids: list[str]
-    reply: Future
-    started: float = field(default_factory=time.monotonic)
-    done_at: float = 0.0
-
-
 @dataclass
 class View:
     """What the loop thread last published of its outbox, for other threads."""
@@ -137,17 +109,13 @@ class Sampler:
         self.store = WeightStore(cfg.flow.keep_versions, 4, cfg.flow.keep_seconds, int(cfg.flow.keep_mb * 2**20))
         self.delay = SyncDelay(cfg.staleness, seed=int(hashlib.sha256(node.peer_id.encode()).hexdigest()[:8], 16))
         # the loop thread's
-        self.outbox = Outbox(cfg.flow, cfg.train.groups_per_step, backoff)
-        self.in_flight: list[Batch] = []
-        self.acking: list[AcksRequest] = []
+        self.link = LearnerLink(cfg, node, lambda: self.learners, lambda: self.throughput, self.heard)
         self.throughput = 0.0
         self.next_sync = 0
-        self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
         # shared
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()  # weight fetches and loads (the outbox counts its own), under lock
         self.view = View()  # the outbox, as the loop last published it
-        self.rtts: dict[str, float] = {}  # the outbox's round-trip times, as the loop last published them
         self.learners: list[PeerRecord] = []  # replaced whole by the heartbeat thread
         self.fetched: Slot[tuple[str, PolicyRecord, bytearray]] = Slot()  # from the sync thread, to load
         self.hints: Slot[tuple[str, PolicyRecord]] = Slot()  # (learner, the newest record it named in a reply)
@@ -200,7 +168,7 @@ class Sampler:
             return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
             return None
-        blob = self.fetch(publisher, rec, direct=hint is not None and self.rtts.get(publisher, 0.0) >= FAR_RTT_S)
+        blob = self.fetch(publisher, rec, direct=hint is not None and self.link.rtts.get(publisher, 0.0) >= FAR_RTT_S)
         return None if blob is None else (publisher, rec, blob)
 
     def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
@@ -253,7 +221,7 @@ class Sampler:
             hint = self.hints.take()
             try:
                 # informed: a reply came within two polls or two round trips to our slowest learner
-                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.rtts.values()])
+                informed = time.monotonic() - self.heard_at < 2 * max([self.cfg.net.poll_s, *self.link.rtts.values()])
                 if self.fetched.empty() and (hint is not None or not informed):
                     got = self.fetch_latest(hint)
                     if got is not None:
@@ -274,10 +242,14 @@ class Sampler:
                 if not stop.is_set():
                     log.warning("heartbeat: %s: %s", type(e).__name__, e)
 
-    def note_policy(self, learner: str, raw) -> None:
+    def heard(self, learner: str, policy: PolicyRecord | None, run_record: RunRecord | None) -> None:
+        """A learner's reply named its newest policy record and (authority runs) the run record it holds."""
+        self.note_policy(learner, policy)
+        self.note_run_record(learner, run_record)
+
+    def note_policy(self, learner: str, rec: PolicyRecord | None) -> None:
         """A learner's reply named its newest record: wake the sync thread when it is a version we
-        would load. Checked as a record from the DHT is (schema; with a run authority, its signature)."""
-        rec = PolicyRecord.decode(raw)
+        would load. Checked as a record from the DHT is (with a run authority, its signature)."""
         if rec is not None:
             self.heard_at = time.monotonic()
         if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
@@ -290,105 +262,17 @@ class Sampler:
         self.hints.put((learner, rec))
         self.wake.set()
 
-    def note_run_record(self, learner: str, raw) -> None:
+    def note_run_record(self, learner: str, rec: RunRecord | None) -> None:
         """Authority runs: a learner's reply carried the run record it holds. One issued after ours (a learner
         added or revoked) is adopted at once, as from the DHT (checked against the authority's key), and the
         learners it no longer names get nothing more from us, whatever older record the DHT still offers."""
         trust = self.node.trust
-        if raw is None or trust.open:
+        if rec is None or trust.open:
             return
         before = trust.issued
-        trust.refresh({learner: raw})
+        trust.adopt({learner: rec})
         if trust.issued != before:
             self.learners = [r for r in self.learners if trust.authorized(r.peer_id)]
-
-    # ---- rollouts ----------------------------------------------------------------------------
-    def flush(self) -> None:
-        """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
-        max_bytes = int(self.cfg.flow.max_batch_mb * 2**20)
-        while (planned := self.outbox.next_batch(self.learners, self.throughput, time.time(), max_bytes)) is not None:
-            target, batch = planned
-            nbytes = sum(len(p.data) for p in batch)
-            reply = self.node.submit(target, "rollouts", encode_batch([p.data for p in batch]), MAX_CONTROL_BYTES,
-                                     self.node.transfer_timeout(nbytes))
-            b = Batch(target, [p.group.group_id for p in batch], reply)
-            reply.add_done_callback(lambda _f, b=b: setattr(b, "done_at", time.monotonic()))
-            self.in_flight.append(b)
-
-    def wait_for_room(self, stop: threading.Event) -> None:
-        """Groups wait for room at a learner: pause until a batch in flight is answered (``net.poll_s`` at
-        most); with none in flight, ask the learners that answered ``busy`` for their free space again
-        after about two round trips to them (``ROOM_POLL_S`` at least, ``net.poll_s`` at most), so that
-        a learner that drains its queue in a fraction of a second is not left waiting for a whole poll."""
-        if self.in_flight:
-            concurrent.futures.wait([b.reply for b in self.in_flight], self.cfg.net.poll_s,
-                                    concurrent.futures.FIRST_COMPLETED)
-            return
-        full = self.outbox.without_room(self.learners, time.time())
-        rtt = max([self.outbox.rtt.get(learner, 0.0) for learner in full], default=0.0)
-        if stop.wait(min(self.cfg.net.poll_s, max(ROOM_POLL_S, 2 * rtt))) or not full:
-            return
-        for learner in full:
-            try:
-                self.ask_acks(learner, [])
-            except Exception as e:
-                self.outbox.failed(learner, f"asking for room ({type(e).__name__})", time.time())
-
-    def collect(self) -> None:
-        """Handle the replies of the batches and ``acks`` requests that have come back."""
-        for a in [a for a in self.acking if a.reply.done()]:
-            self.acking.remove(a)
-            try:
-                states = self.acks_reply(a.learner, a.reply.result())
-            except Exception as e:
-                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time())
-                continue
-            for gid in self.outbox.states(a.learner, a.ids, states):
-                if self.ack_log:
-                    self.ack_log.write(gid + "\n")
-        for b in [b for b in self.in_flight if b.reply.done()]:
-            self.in_flight.remove(b)
-            what = f"sending {len(b.ids)} groups"
-            try:
-                reply = BatchReply.decode(b.reply.result(), len(b.ids))
-                if reply.error:
-                    raise BatchRefused(f"batch refused: {reply.error}")
-            except (Refused, BatchRefused) as e:  # the learner took none of them
-                self.outbox.batch_refused(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
-                continue
-            except Exception as e:  # no reply in time, or one that does not parse: it may have taken them
-                self.outbox.batch_unanswered(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
-                continue
-            rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
-            self.outbox.batch_answered(b.learner, b.ids, reply.results, reply.queue, reply.free, rtt, time.time())
-            self.note_policy(b.learner, reply.policy)
-            self.note_run_record(b.learner, reply.run_record)
-        self.rtts = dict(self.outbox.rtt)
-
-    def ask_acks(self, learner: str, ids: list[str]) -> dict:
-        """The states ``learner`` reports for ``ids`` (an ``acks`` request, waited for). Raises on a failed or
-        malformed reply."""
-        return self.acks_reply(learner, self.node.request(learner, "acks", pack({"ids": ids}), MAX_CONTROL_BYTES))
-
-    def acks_reply(self, learner: str, raw: bytes) -> dict:
-        """The states of an ``acks`` reply; its queue length, the room it has for our groups and its newest
-        policy record are noted. Raises ValueError on a malformed reply."""
-        reply = AcksReply.decode(raw)
-        self.outbox.heard(learner, reply.queue, reply.free)
-        self.note_policy(learner, reply.policy)
-        self.note_run_record(learner, reply.run_record)
-        return reply.states
-
-    def settle(self) -> None:
-        """Ask each learner about the groups it holds for us (without waiting: ``collect`` handles the
-        replies); groups whose learner is gone are sent again."""
-        asking = {a.learner for a in self.acking}
-        for learner, ids in self.outbox.to_ask({r.peer_id for r in self.learners}, asking).items():
-            for i in range(0, max(1, len(ids)), 1024):
-                chunk = ids[i : i + 1024]
-                reply = self.node.submit(learner, "acks", pack({"ids": chunk}), MAX_CONTROL_BYTES)
-                self.acking.append(AcksRequest(learner, chunk, reply))
-        self.flush()
 
     def run_started(self) -> bool:
         """Whether a learner of the run is announced and a policy and the run's config are published. The
@@ -414,27 +298,9 @@ class Sampler:
         prefix = getattr(self.core, "prefix", "")
         return prefix[len(self.node.peer_id) + 1:] if prefix.startswith(self.node.peer_id + "/") else ""
 
-    def join_authority_run(self, stop: threading.Event) -> None:
-        """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
-        node = self.node
-        node.trust = Trust(self.cfg.trust.authority, self.cfg.net.run_id)
-        rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
-                         f"the run record of run {self.cfg.net.run_id!r} signed by authority "
-                         f"{self.cfg.trust.authority[:12]}",
-                         log, stop)
-        if rec is None:
-            return
-        diff = differences(rec.run_config(), run_config(self.cfg, self.core.task), SAMPLER_SECTIONS)
-        if diff:
-            raise RunConfigMismatch(f"this sampler does not match run {self.cfg.net.run_id!r} (as signed by its "
-                                    "authority):\n  " + "\n  ".join(diff)
-                                    + "\nuse the run's config file (or the same overrides) to join it")
-        log.info("run %r: authority %s, %d authorized learners", rec.run_id, self.cfg.trust.authority[:12],
-                 len(rec.learners))
-
     def snapshot(self) -> SamplerSnapshot:
         """The numbers the progress line and the log's status line show (the loop thread's)."""
-        counts = self.outbox.counts
+        counts = self.link.outbox.counts
         return SamplerSnapshot(version=self.core.version, newest=max(self.newest, self.core.version),
                                made=self.core.groups_made, accepted=counts["send/accepted"],
                                trained=counts["acked/trained"])
@@ -447,7 +313,7 @@ class Sampler:
                                                        self.cfg.net.rpc_timeout_s),
                             self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
         if self.cfg.trust.authority:
-            self.join_authority_run(stop)
+            join_authority_run(self.node, self.cfg, self.core.task, stop)
         self.heartbeat()
         beat = [time.time()]
 
@@ -474,7 +340,7 @@ class Sampler:
             self.generate(stop, shown)
         finally:
             shown.close(self.snapshot())
-        self.view = View(dict(self.outbox.counts), len(self.outbox), self.outbox.unread())
+        self.view = View(dict(self.link.outbox.counts), len(self.link.outbox), self.link.outbox.unread())
         self.wake.set()  # the sync thread waits for it, or for net.poll_s
         # both watch `stop` in every wait (their DHT and stream calls give up on it): one shared bound, not one each
         deadline = time.monotonic() + self.cfg.net.rpc_timeout_s + 1
@@ -486,31 +352,31 @@ class Sampler:
         n = self.cfg.train.groups_per_step
         last_poll = 0.0
         while not stop.is_set():
-            self.view = View(dict(self.outbox.counts), len(self.outbox), self.outbox.unread())
+            self.view = View(dict(self.link.outbox.counts), len(self.link.outbox), self.link.outbox.unread())
             shown.update(self.snapshot())
             # a newer version fetched by the sync thread: loaded here, between rollouts
             if (got := self.fetched.take()) is not None:
                 self.load(*got)
-            self.collect()
-            self.flush()
+            self.link.collect()
+            self.link.flush()
             if time.time() - last_poll > self.cfg.net.poll_s:
-                self.settle()
+                self.link.settle()
                 last_poll = time.time()
             learners = self.learners
-            full = len(self.outbox) >= self.cfg.flow.outbox_limit or self.outbox.full(learners, time.time())
+            full = len(self.link.outbox) >= self.cfg.flow.outbox_limit or self.link.outbox.full(learners, time.time())
             if not learners or full:
                 stop.wait(self.cfg.net.poll_s)
                 continue
-            if self.outbox.unsent():  # groups wait for room at a learner: making more now would only age them
-                self.wait_for_room(stop)
+            if self.link.outbox.unsent():  # groups wait for room at a learner: making more now would only age them
+                self.link.wait_for_room(stop)
                 continue
             t0 = time.time()
             groups = self.core.rollout(self.core.own_prompt_ids(n))
             if self.cfg.testing.slowdown > 1:
                 stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
             for g in groups:
-                self.outbox.add(g, encode_group(g))
-            self.flush()
+                self.link.outbox.add(g, encode_group(g))
+            self.link.flush()
             self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
 
     def all_counts(self) -> dict[str, int]:
@@ -518,25 +384,21 @@ class Sampler:
         with self.lock:
             return {**self.view.counts, **self.counts}
 
-    def prometheus(self) -> list:
-        """This sampler's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
-        by = prom.split_counts(self.all_counts())
-        return [
-            prom.info("sampler", self.cfg.net.run_id, self.node.peer_id),
-            prom.gauge("policy_version", "Policy version this peer holds", self.core.version),
-            prom.counter("groups_made", "Groups generated", self.core.groups_made),
-            prom.gauge("outbox_groups", "Groups sent or waiting, not yet acknowledged as trained or dropped",
-                       self.view.groups),
-            prom.gauge("throughput_groups_per_second", "Groups generated per second (moving average)", self.throughput),
-            prom.gauge("learners", "Learners of the run this sampler knows", len(self.learners)),
-            prom.labelled("sampler_events", "Sends, acknowledgements and weight fetches by section, outcome and reason",
-                          ["section", "outcome", "reason"],
-                          {(sec, *k): n for sec, d in by.items() for k, n in d.items()}),
-            prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", self.store.bytes_served),
-            prom.labelled("trust_events", "Records refused for the run authority", ["event"],
-                          {(k,): n for k, n in self.node.trust.counts.items()}),
-            prom.counter("dht_errors", "Failed DHT requests", self.node.dht_errors),
-        ]
+
+def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event) -> None:
+    """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
+    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
+                     f"the run record of run {cfg.net.run_id!r} signed by authority {cfg.trust.authority[:12]}",
+                     log, stop)
+    if rec is None:
+        return
+    diff = differences(rec.run_config(), run_config(cfg, task), SAMPLER_SECTIONS)
+    if diff:
+        raise RunConfigMismatch(f"this sampler does not match run {cfg.net.run_id!r} (as signed by its "
+                                "authority):\n  " + "\n  ".join(diff)
+                                + "\nuse the run's config file (or the same overrides) to join it")
+    log.info("run %r: authority %s, %d authorized learners", rec.run_id, cfg.trust.authority[:12], len(rec.learners))
 
 
 def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> dict:
@@ -555,13 +417,14 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
     try:
         sampler = Sampler(cfg, node, policy)
-        server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
+        server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, lambda: sampler_metrics(sampler))
         node.metrics_addr = prom.announced_address(cfg.net, server)
         sampler.run(stop, progress=progress and sys.stderr.isatty())
     finally:
         prom.stop_metrics(server)
         keeper.close()
         node.shutdown()
-    return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), **sampler.outbox.whereabouts(),
+    outbox = sampler.link.outbox
+    return {"groups_made": sampler.core.groups_made, "unsettled": len(outbox), **outbox.whereabouts(),
             "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

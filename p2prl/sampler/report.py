@@ -1,5 +1,5 @@
 """What a sampler shows the person running it: a progress line on a terminal, a status line in its log once a
-minute otherwise, and the end-of-run summary.
+minute otherwise, and the end-of-run summary; and what it shows a Prometheus scrape (``sampler_metrics``).
 
 ``Sampler.snapshot()`` takes the numbers; the functions here only read them, so they are tested on hand-built
 snapshots and summaries (tests/unit/test_sampler_report.py).
@@ -11,6 +11,8 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
+
+from p2prl import prom
 
 STATUS_EVERY_S = 60.0  # without a progress bar: one status line in the log this often
 BAR_EVERY_S = 0.5  # with one: the bar's numbers are refreshed this often at most
@@ -132,3 +134,24 @@ def format_summary(summary: dict) -> str:
                      f"v{summary.get('policy_version', 0)}" + (f": {more}{version_ranges(listed)}" if listed else ""))
     lines.append("  (`--json` prints this summary as JSON)")
     return "\n".join(lines)
+
+
+def sampler_metrics(s) -> list:
+    """A ``Sampler``'s counters as Prometheus families (``p2prl.prom``), read at scrape time."""
+    by = prom.split_counts(s.all_counts())
+    return [
+        prom.info("sampler", s.cfg.net.run_id, s.node.peer_id),
+        prom.gauge("policy_version", "Policy version this peer holds", s.core.version),
+        prom.counter("groups_made", "Groups generated", s.core.groups_made),
+        prom.gauge("outbox_groups", "Groups sent or waiting, not yet acknowledged as trained or dropped",
+                   s.view.groups),
+        prom.gauge("throughput_groups_per_second", "Groups generated per second (moving average)", s.throughput),
+        prom.gauge("learners", "Learners of the run this sampler knows", len(s.learners)),
+        prom.labelled("sampler_events", "Sends, acknowledgements and weight fetches by section, outcome and reason",
+                      ["section", "outcome", "reason"],
+                      {(sec, *k): n for sec, d in by.items() for k, n in d.items()}),
+        prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", s.store.bytes_served),
+        prom.labelled("trust_events", "Records refused for the run authority", ["event"],
+                      {(k,): n for k, n in s.node.trust.counts.items()}),
+        prom.counter("dht_errors", "Failed DHT requests", s.node.dht_errors),
+    ]

@@ -236,7 +236,6 @@ class Trust:
         # the newest `issued` adopted: never goes back, even once that record expired (a revocation stays)
         self.issued = record.issued if record is not None else 0.0
         self._lock = threading.Lock()  # refreshes come from the heartbeat thread and from learners' replies
-        self._encoded: tuple[RunRecord | None, bytes | None] = (None, None)
 
     @property
     def open(self) -> bool:
@@ -250,11 +249,15 @@ class Trust:
                 + ("" if self.record else " (no valid run record seen)"))
 
     def refresh(self, found: dict[str, bytes]) -> RunRecord | None:
-        """Adopt the newest valid run record among ``found`` (peer id -> value, from the DHT or a learner's reply)
-        issued after every one adopted before; the record held now."""
+        """Adopt the newest valid run record among ``found`` (peer id -> value, from the DHT) issued after every one
+        adopted before (``adopt``); the record held now."""
+        return self.adopt({peer: RunRecord.decode(raw) for peer, raw in found.items()})
+
+    def adopt(self, found: dict[str, RunRecord | None]) -> RunRecord | None:
+        """``refresh`` with the records decoded (None: one that did not parse, ignored), as a learner's reply carries
+        them; the record held now."""
         with self._lock:
-            for peer, raw in found.items():
-                rec = RunRecord.decode(raw)
+            for peer, rec in found.items():
                 if rec is None or rec.issued <= self.issued:
                     continue
                 if rec.problem(self.authority, self.run_id) is None:
@@ -268,13 +271,6 @@ class Trust:
                 log.warning("the run record expired: no learner is authorized until the authority renews it")
                 self.record = None
             return self.record
-
-    def record_bytes(self) -> bytes | None:
-        """The run record held, encoded (learners send it in their replies); None in an open run or without one."""
-        rec = self.record
-        if rec is not None and self._encoded[0] is not rec:
-            self._encoded = (rec, rec.encode())
-        return self._encoded[1] if rec is not None else None
 
     def authorized(self, peer: str) -> bool:
         if self.open:

@@ -56,7 +56,7 @@ import torch
 
 from p2prl.algo.robust import Rule, aggregate
 from p2prl.launch.procs import exit_with_parent
-from p2prl.swarm.node import read_frame, write_frame
+from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
 
 if TYPE_CHECKING:
     from p2prl.swarm.node import SwarmNode
@@ -229,7 +229,8 @@ class BlobExchange:
         self.node, self.max_bytes, self.timeout_s = node, max_bytes, timeout_s
         self.blobs: OrderedDict[str, bytes] = OrderedDict()
         self.lock = threading.Lock()
-        node.serve(self.PROTOCOL, self._serve, timeout_s, learners_only=True)  # authority runs: its learners only
+        node.serve_rpc(self.PROTOCOL, self._serve, Bounds(frame=64), timeout_s=timeout_s,
+                       learners_only=True)  # authority runs: its learners only
 
     def put(self, digest: str, blob: bytes) -> None:
         with self.lock:
@@ -238,16 +239,15 @@ class BlobExchange:
             while len(self.blobs) > self.KEEP:
                 self.blobs.popitem(last=False)
 
-    async def _serve(self, peer: str, reader, writer) -> None:
-        """One request: the sha256 (hex) of a gradient; the answer: its bytes, or an empty frame."""
-        want = (await read_frame(reader, 64)).decode("ascii", "replace")
+    async def _serve(self, peer: str, req: BlobRequest) -> BlobReply:
+        """One request: the sha256 (hex) of a gradient; the answer: its bytes, or none."""
         with self.lock:
-            blob = self.blobs.get(want, b"")
-        await write_frame(writer, blob)
+            return BlobReply(self.blobs.get(req.digest, b""))
 
     def fetch(self, wanted: dict[str, str]) -> dict[str, bytes | None]:
         """{peer id: its bytes, or None} for {peer id: sha256 hex}, fetched in parallel within the round's timeout."""
-        futures = {p: self.node.submit(p, self.PROTOCOL, d.encode(), self.max_bytes, self.timeout_s)
+        bounds = Bounds(frame=self.max_bytes)
+        futures = {p: self.node.call_async(p, self.PROTOCOL, BlobRequest(d), bounds, self.timeout_s)
                    for p, d in wanted.items()}
         concurrent.futures.wait(futures.values(), self.timeout_s + 5)
         got = {}
@@ -255,7 +255,7 @@ class BlobExchange:
             e = f.exception(0) if f.done() else TimeoutError("no answer")
             if e is not None:  # any failure of a member's stream is that member's missing gradient
                 log.info("fetching the gradient of %s failed: %s", p[-6:], type(e).__name__)
-            got[p] = f.result() if e is None else None
+            got[p] = f.result().blob if e is None else None
         return got
 
 

@@ -17,9 +17,10 @@ import logging
 from dataclasses import dataclass, field
 
 from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.messages import WeightsRequest
 from p2prl.swarm.node import FrameError, Refused, refused_reason, write_frame
+from p2prl.swarm.protocol import OK
 from p2prl.swarm.transport import WeightSource
-from p2prl.swarm.protocol import OK, pack
 
 log = logging.getLogger("p2prl.fetch")
 
@@ -93,12 +94,11 @@ class Assembly:
             await self.progress.wait()
 
 
-def range_request(rec: PolicyRecord, piece: Piece) -> bytes:
+def range_request(rec: PolicyRecord, piece: Piece) -> WeightsRequest:
     """The ``weights`` request for what ``piece`` still lacks (the whole blob: no range, as protocol 4 asked)."""
-    req = {"version": rec.version, "sha256": rec.sha256}
-    if (piece.pos, piece.end) != (0, rec.size):
-        req.update(offset=piece.pos, length=piece.end - piece.pos)
-    return pack(req)
+    if (piece.pos, piece.end) == (0, rec.size):
+        return WeightsRequest(rec.version, rec.sha256)
+    return WeightsRequest(rec.version, rec.sha256, piece.pos, piece.end - piece.pos)
 
 
 async def fetch_piece(node: WeightSource, holder: str, rec: PolicyRecord, asm: Assembly, piece: Piece) -> None:
@@ -107,7 +107,7 @@ async def fetch_piece(node: WeightSource, holder: str, rec: PolicyRecord, asm: A
     connection error; the bytes that did arrive stay."""
     reader, writer = await node.open_stream(holder, "weights")
     try:
-        await write_frame(writer, range_request(rec, piece))
+        await write_frame(writer, range_request(rec, piece).encode())
         n = int.from_bytes(await reader.readexactly(8), "big")
         want = piece.end - piece.pos
         if n != 1 + want:

@@ -18,12 +18,10 @@ from collections import Counter
 from typing import Callable
 
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord
-from p2prl.swarm.node import SwarmNode, read_frame, write_frame
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.swarm.messages import MAX_HELLO_LEARNERS, HelloReply, HelloRequest
+from p2prl.swarm.node import SwarmNode
 
 log = logging.getLogger("p2prl.swarm.membership")
-
-MAX_HELLO_LEARNERS = 64
 
 
 class Membership:
@@ -47,7 +45,7 @@ class Membership:
         self._thread: threading.Thread | None = None
 
     def serve(self) -> None:
-        self.node.serve("hello", self.on_hello, learners_only=True)
+        self.node.serve_rpc("hello", self.on_hello, learners_only=True)
 
     def start_heartbeats(self) -> None:
         """Heartbeats from their own thread: a learner waiting in a long gradient round stays visible."""
@@ -100,8 +98,7 @@ class Membership:
     def hello(self, peer: str, now: float) -> None:
         """Ask ``peer`` for its record and the learners it knows; forget it once silent for too long."""
         try:
-            raw = self.node.request(peer, "hello", pack({}), MAX_CONTROL_BYTES)
-            reply = unpack_map(raw, {"policy": bytes, "learners": list})
+            reply = self.node.call(peer, "hello", HelloRequest())
         except Exception as e:
             with self.lock:
                 self.counts["hello_failed"] += 1
@@ -112,7 +109,7 @@ class Membership:
             if n <= 5 or n % 100 == 0:  # a learner that died fails every heartbeat until forgotten
                 log.info("hello to learner %s failed: %s (%d so far)", peer[-6:], type(e).__name__, n)
             return
-        rec = PolicyRecord.decode(reply["policy"])
+        rec = reply.policy
         if rec is not None and not self.node.trust.policy_ok(peer, rec):
             self.node.trust.reject("policy_record", peer)
             rec = None
@@ -120,18 +117,15 @@ class Membership:
             self.known[peer] = now
             if rec is not None:
                 self.policies[peer] = rec
-            for q in reply["learners"][:MAX_HELLO_LEARNERS]:
-                if (isinstance(q, str) and 0 < len(q) <= 128 and q != self.node.peer_id
-                        and self.node.trust.authorized(q)):
+            for q in reply.learners:
+                if q != self.node.peer_id and self.node.trust.authorized(q):
                     self.known.setdefault(q, now)
 
-    async def on_hello(self, peer: str, reader, writer) -> None:
+    async def on_hello(self, peer: str, _req: HelloRequest) -> HelloReply:
         """``hello``: another learner asks for our latest record and the learners we know."""
-        await read_frame(reader, MAX_CONTROL_BYTES)
         with self.lock:
             known = list(self.known)[:MAX_HELLO_LEARNERS]
-        latest = self.latest()
-        await write_frame(writer, pack({"policy": latest.encode() if latest else b"", "learners": known}))
+        return HelloReply(self.latest(), tuple(known))
 
     def records(self) -> list[tuple[str, PolicyRecord]]:
         """(learner, latest record) of every learner that told us its record."""

@@ -6,7 +6,9 @@ it on an asyncio loop in a background thread, so role loops stay plain blocking 
 the typed records (``dht.py``) and their checks, the ban and limit gate on served streams and
 every timeout: every network call has one. Messages on a stream are frames: an 8-byte big-endian
 length, then the payload written in 64 KiB chunks; a frame longer than the reader's
-bound is refused before it is read.
+bound is refused before it is read. The request/reply protocols (``messages.PROTOCOLS``) are framed, bounded,
+decoded and refused here (``serve_rpc``, ``call``): their handlers and callers see typed messages only; the bulk
+ones (``weights``, ``state``) stream their replies themselves (``serve``).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import logging
 import random
 import threading
 import time
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable
 
 import msgpack
 
@@ -26,6 +28,7 @@ from p2prl.swarm.authority import Trust, TrustError
 from p2prl.swarm import owned, reach
 from p2prl.swarm.dht import BootstrapError, start_dht, wait_for_peers_file
 from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.messages import CONTROL, PROTOCOLS, Bounds, MessageError
 from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.transport import HivemindTransport, Transport
@@ -34,6 +37,7 @@ log = logging.getLogger("p2prl.node")
 
 CHUNK = 1 << 16
 Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+RpcHandler = Callable[[str, Any], Awaitable[Any]]  # (peer id, request) -> reply, or None for no answer
 
 
 DRAIN_LIMIT = 1 << 22  # bytes a server reads and discards after its reply, waiting for the requester to close
@@ -173,7 +177,175 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
     return await reader.readexactly(n)
 
 
-class SwarmNode(Records):
+class Streams:
+    """The node's stream half: serving and calling protocols through the ban and limit gate, with every timeout.
+    ``SwarmNode`` sets what it reads (``cfg``, ``transport``, ``trust``, ``reputation``, ``limits``) and runs it
+    (``run``)."""
+
+    def _proto(self, name: str) -> str:
+        return f"p2prl/{self.cfg.run_id}/{name}"
+
+    def serve(self, name: str, handler: Handler, timeout_s: float | None = None, learners_only: bool = False) -> None:
+        """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop (bulk streams;
+        request/reply protocols are ``serve_rpc``'s).
+
+        One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
+        handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
+        from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
+        A banned peer's stream (``self.reputation``) and one over its peer's limits (``self.limits``) are refused
+        with a ``refusal`` frame after a pause (``_hold``); both are counted. An oversized
+        request counts against its peer's reputation. A learner's streams from peers it does not know yet
+        (``pooled``) also draw on the budget those peers share (``limits.py``). With ``self.limits``, the request frame
+        must come in time (``ServedReader``, ``trust.frame_timeout_s``): a stream whose request does not is cut,
+        counted (``cut/<reason>/<name>``) and held against its peer (``frame_cut``).
+        """
+
+        async def on_stream(peer, reader, writer):
+            if learners_only and not self.trust.authorized(peer):
+                self.trust.reject(f"{name}_request", peer)
+                writer.close()
+                return
+            if self.reputation is not None and self.reputation.banned(peer):
+                self.reputation.refuse(name)
+                await self._hold(peer)
+                return await self._refuse(reader, writer, "banned")
+            pooled = self.pooled(peer)
+            if self.limits is not None and self.limits.enter(peer, name, pooled) is not None:
+                await self._hold(peer)
+                return await self._refuse(reader, writer, "limited")
+            if self.limits is not None:
+                reader = ServedReader(reader, self.limits.cfg.frame_timeout_s,
+                                      lambda why: self.frame_cut(peer, name, why))
+            try:
+                await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
+                # let the requester read the reply and close first: closing at once, or with its unread
+                # bytes still arriving (a refused oversized frame), can lose the reply
+                await asyncio.wait_for(drain(reader, DRAIN_LIMIT), 5)
+            except asyncio.CancelledError:  # node shutting down
+                return
+            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
+                if isinstance(e, FrameError) and self.reputation is not None:
+                    self.reputation.reject(peer, "oversized_request")
+                if isinstance(e, SlowReader) and self.limits is not None:
+                    self.limits.count(f"slow_reader/{name}")
+                log.info("%s stream from %s ended: %s", name, peer[-6:], type(e).__name__)
+            except Exception:
+                log.exception("%s handler failed for peer %s", name, peer[-6:])
+            finally:
+                writer.close()
+                if self.limits is not None:
+                    self.limits.leave(peer, name, pooled)
+
+        self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
+
+    def serve_rpc(self, name: str, handler: RpcHandler, bounds: Bounds = CONTROL,
+                  on_bad: Callable[[str, MessageError], object] | None = None, timeout_s: float | None = None,
+                  learners_only: bool = False) -> None:
+        """Serve request/reply protocol ``name`` of ``PROTOCOLS``: ``handler(peer_id, request)`` gets the request
+        decoded within ``bounds`` and returns the reply (None: no answer), which is sent. A request that does not
+        parse or is over ``bounds.frame`` (``MessageError``, reason ``oversized`` for the latter) goes to ``on_bad(peer,
+        error)`` instead, whose reply (if not None) is sent; without ``on_bad`` an oversized request counts against
+        the peer's reputation (as on every stream, ``serve``), a malformed one is counted (``bad_request/<name>``)
+        and left unanswered. Bans, limits and timeouts as ``serve``."""
+        request_type = PROTOCOLS[name].request
+
+        async def on_stream(peer, reader, writer):
+            try:
+                request = request_type.decode(await read_frame(reader, bounds.frame), bounds)
+            except (FrameError, MessageError) as e:
+                if on_bad is None:
+                    if isinstance(e, FrameError):
+                        raise
+                    if self.limits is not None:
+                        self.limits.count(f"bad_request/{name}")
+                    log.info("malformed %s request from %s: %s", name, peer[-6:], e)
+                    return
+                reply = on_bad(peer, e if isinstance(e, MessageError) else MessageError("oversized", str(e)))
+            else:
+                reply = await handler(peer, request)
+            if reply is not None:
+                await write_frame(writer, reply.encode())
+
+        self.serve(name, on_stream, timeout_s, learners_only)
+
+    async def _hold(self, peer: str) -> None:
+        """Pause before refusing a stream of ``peer`` (banned, or over its limits) while it has few such streams held
+        (``limits.hold``): a requester that retries at once is slowed instead of spinning on refusals."""
+        if self.limits is not None and self.limits.hold(peer):
+            try:
+                await asyncio.sleep(LIMITED_HOLD_S)
+            finally:
+                self.limits.unhold(peer)
+
+    def pooled(self, peer: str) -> bool:
+        """Does ``peer``'s stream draw on the budget of unknown peers? On a learner (it keeps a reputation), unless it
+        accepted a group of the peer's or the peer is an authorized learner of an authority run."""
+        return (self.reputation is not None and not self.reputation.vouched(peer)
+                and (self.trust.open or not self.trust.authorized(peer)))
+
+    def frame_cut(self, peer: str, name: str, why: str) -> None:
+        """``peer``'s request frame on ``name`` was cut (``FrameCut``): counted; but for an empty stream, a rejection
+        of the peer (``reputation.py``: ban-worthy for ``BAD_FRAMES``); for those also its streams paused."""
+        self.limits.count(f"cut/{why}/{name}")
+        if why != "empty" and self.reputation is not None:
+            self.reputation.reject(peer, why)
+        if why in BAD_FRAMES:
+            self.limits.penalize(peer)
+
+    @staticmethod
+    async def _refuse(reader, writer, reason: str) -> None:
+        """Answer a refused stream with its reason, give the requester a moment to read it, close."""
+        try:
+            await write_frame(writer, refusal(reason))
+            await asyncio.wait_for(drain(reader, MAX_REFUSED_DRAIN), 1)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
+            pass
+        finally:
+            writer.close()
+
+    async def open_stream(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A new stream of protocol ``name`` to ``peer_id`` (a coroutine for the node's loop)."""
+        return await self.transport.open_stream(peer_id, self._proto(name))
+
+    async def _exchange(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
+        reader, writer = await self.open_stream(peer_id, name)
+        try:
+            await write_frame(writer, payload)
+            reply = await read_frame(reader, max_reply)
+        finally:
+            writer.close()
+        reason = refused_reason(reply)
+        if reason is not None:
+            raise Refused(reason)
+        return reply
+
+    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
+        """Open a stream to ``peer_id``, send one frame, return the one-frame reply undecoded (within ``timeout_s``):
+        a bulk reply (``state``); ``Refused`` if the peer refused the stream (banned or over its limits)."""
+        return self.run(self._exchange(peer_id, name, payload, max_reply), timeout=timeout_s or self.cfg.rpc_timeout_s)
+
+    def call(self, peer_id: str, name: str, request, bounds: Bounds = CONTROL, timeout_s: float | None = None):
+        """Send ``request`` on protocol ``name`` (a request/reply one of ``PROTOCOLS``) to ``peer_id`` and return its
+        reply, decoded within ``bounds`` (within ``timeout_s``); ``Refused`` if the peer refused the stream,
+        ``MessageError`` if the reply does not parse."""
+        return self.run(self._call(peer_id, name, request, bounds), timeout=timeout_s or self.cfg.rpc_timeout_s)
+
+    def call_async(self, peer_id: str, name: str, request, bounds: Bounds = CONTROL,
+                   timeout_s: float | None = None) -> concurrent.futures.Future:
+        """``call`` without waiting: a future of the reply (or of the exception), done within ``timeout_s``."""
+        coro = asyncio.wait_for(self._call(peer_id, name, request, bounds), timeout_s or self.cfg.rpc_timeout_s)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _call(self, peer_id: str, name: str, request, bounds: Bounds):
+        reply_type = PROTOCOLS[name].reply
+        return reply_type.decode(await self._exchange(peer_id, name, request.encode(), bounds.frame), bounds)
+
+    def transfer_timeout(self, nbytes: int) -> float:
+        """Time allowed for moving ``nbytes``: the RPC timeout plus one second per MB (a 8 Mbit/s floor)."""
+        return self.cfg.rpc_timeout_s + nbytes / 1e6
+
+
+class SwarmNode(Records, Streams):
     def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
                  reputation: Reputation | None = None, limits: PeerLimits | None = None,
                  transport: Transport | None = None, trust: Trust | None = None):
@@ -309,128 +481,6 @@ class SwarmNode(Records):
                 if time.monotonic() > deadline:
                     fut.cancel()
                     raise TimeoutError(f"no answer within {timeout:.0f} s") from None
-
-    # ---- streams ------------------------------------------------------------------------
-    def _proto(self, name: str) -> str:
-        return f"p2prl/{self.cfg.run_id}/{name}"
-
-    def serve(self, name: str, handler: Handler, timeout_s: float | None = None, learners_only: bool = False) -> None:
-        """Serve stream protocol ``name``; ``handler(peer_id, reader, writer)`` runs on the loop.
-
-        One exchange may last ``timeout_s`` (default ``net.rpc_timeout_s``). A failing
-        handler is logged with the remote peer; it never stops the node. ``learners_only``: a stream
-        from a peer that is not an authorized learner (authority runs) is closed unanswered, counted.
-        A banned peer's stream (``self.reputation``) and one over its peer's limits (``self.limits``) are refused
-        with a ``refusal`` frame after a pause (``_hold``); both are counted. An oversized
-        request counts against its peer's reputation. A learner's streams from peers it does not know yet
-        (``pooled``) also draw on the budget those peers share (``limits.py``). With ``self.limits``, the request frame
-        must come in time (``ServedReader``, ``trust.frame_timeout_s``): a stream whose request does not is cut,
-        counted (``cut/<reason>/<name>``) and held against its peer (``frame_cut``).
-        """
-
-        async def on_stream(peer, reader, writer):
-            if learners_only and not self.trust.authorized(peer):
-                self.trust.reject(f"{name}_request", peer)
-                writer.close()
-                return
-            if self.reputation is not None and self.reputation.banned(peer):
-                self.reputation.refuse(name)
-                await self._hold(peer)
-                return await self._refuse(reader, writer, "banned")
-            pooled = self.pooled(peer)
-            if self.limits is not None and self.limits.enter(peer, name, pooled) is not None:
-                await self._hold(peer)
-                return await self._refuse(reader, writer, "limited")
-            if self.limits is not None:
-                reader = ServedReader(reader, self.limits.cfg.frame_timeout_s,
-                                      lambda why: self.frame_cut(peer, name, why))
-            try:
-                await asyncio.wait_for(handler(peer, reader, writer), timeout_s or self.cfg.rpc_timeout_s)
-                # let the requester read the reply and close first: closing at once, or with its unread
-                # bytes still arriving (a refused oversized frame), can lose the reply
-                await asyncio.wait_for(drain(reader, DRAIN_LIMIT), 5)
-            except asyncio.CancelledError:  # node shutting down
-                return
-            except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError) as e:
-                if isinstance(e, FrameError) and self.reputation is not None:
-                    self.reputation.reject(peer, "oversized_request")
-                if isinstance(e, SlowReader) and self.limits is not None:
-                    self.limits.count(f"slow_reader/{name}")
-                log.info("%s stream from %s ended: %s", name, peer[-6:], type(e).__name__)
-            except Exception:
-                log.exception("%s handler failed for peer %s", name, peer[-6:])
-            finally:
-                writer.close()
-                if self.limits is not None:
-                    self.limits.leave(peer, name, pooled)
-
-        self.run(self.transport.add_handler(self._proto(name), on_stream), timeout=30)
-
-    async def _hold(self, peer: str) -> None:
-        """Pause before refusing a stream of ``peer`` (banned, or over its limits) while it has few such streams held
-        (``limits.hold``): a requester that retries at once is slowed instead of spinning on refusals."""
-        if self.limits is not None and self.limits.hold(peer):
-            try:
-                await asyncio.sleep(LIMITED_HOLD_S)
-            finally:
-                self.limits.unhold(peer)
-
-    def pooled(self, peer: str) -> bool:
-        """Does ``peer``'s stream draw on the budget of unknown peers? On a learner (it keeps a reputation), unless it
-        accepted a group of the peer's or the peer is an authorized learner of an authority run."""
-        return (self.reputation is not None and not self.reputation.vouched(peer)
-                and (self.trust.open or not self.trust.authorized(peer)))
-
-    def frame_cut(self, peer: str, name: str, why: str) -> None:
-        """``peer``'s request frame on ``name`` was cut (``FrameCut``): counted; but for an empty stream, a rejection
-        of the peer (``reputation.py``: ban-worthy for ``BAD_FRAMES``); for those also its streams paused."""
-        self.limits.count(f"cut/{why}/{name}")
-        if why != "empty" and self.reputation is not None:
-            self.reputation.reject(peer, why)
-        if why in BAD_FRAMES:
-            self.limits.penalize(peer)
-
-    @staticmethod
-    async def _refuse(reader, writer, reason: str) -> None:
-        """Answer a refused stream with its reason, give the requester a moment to read it, close."""
-        try:
-            await write_frame(writer, refusal(reason))
-            await asyncio.wait_for(drain(reader, MAX_REFUSED_DRAIN), 1)
-        except (asyncio.IncompleteReadError, ConnectionError, asyncio.TimeoutError):
-            pass
-        finally:
-            writer.close()
-
-    async def open_stream(self, peer_id: str, name: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A new stream of protocol ``name`` to ``peer_id`` (a coroutine for the node's loop)."""
-        return await self.transport.open_stream(peer_id, self._proto(name))
-
-    async def _exchange(self, peer_id: str, name: str, payload: bytes, max_reply: int) -> bytes:
-        reader, writer = await self.open_stream(peer_id, name)
-        try:
-            await write_frame(writer, payload)
-            reply = await read_frame(reader, max_reply)
-        finally:
-            writer.close()
-        reason = refused_reason(reply)
-        if reason is not None:
-            raise Refused(reason)
-        return reply
-
-    def request(self, peer_id: str, name: str, payload: bytes, max_reply: int, timeout_s: float | None = None) -> bytes:
-        """Open a stream to ``peer_id``, send one frame, return the one-frame reply (within ``timeout_s``);
-        ``Refused`` if the peer refused the stream (banned or over its limits)."""
-        return self.run(self._exchange(peer_id, name, payload, max_reply), timeout=timeout_s or self.cfg.rpc_timeout_s)
-
-    def submit(self, peer_id: str, name: str, payload: bytes, max_reply: int,
-               timeout_s: float | None = None) -> concurrent.futures.Future:
-        """``request`` without waiting: a future of the reply (or of the exception), done within ``timeout_s``."""
-        coro = asyncio.wait_for(self._exchange(peer_id, name, payload, max_reply), timeout_s or self.cfg.rpc_timeout_s)
-        return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    def transfer_timeout(self, nbytes: int) -> float:
-        """Time allowed for moving ``nbytes``: the RPC timeout plus one second per MB (a 8 Mbit/s floor)."""
-        return self.cfg.rpc_timeout_s + nbytes / 1e6
 
     def visible_maddrs(self) -> list[str]:
         """This peer's addresses that the run can use: no loopback address unless the run is local, no private one

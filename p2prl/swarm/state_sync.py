@@ -1,6 +1,7 @@
 """The ``state`` protocol (learner -> learner): a learner behind the others loads their state.
 
-Request ``{}`` (msgpack). Reply one frame: a 4-byte big-endian header length, the msgpack
+Request ``{}`` (msgpack, ``messages.StateRequest``; a request that is not a map is left unanswered).
+Reply one frame: a 4-byte big-endian header length, the msgpack
 header ``{"version", "sha256", "weight", "published": {str(version): sha256}, "trained":
 [group ids], "weights_len", "record"}``, then ``weights_len`` bytes of safetensors weights, then the
 optimizer state (safetensors). ``record``: the sender's ``PolicyRecord`` of exactly this version
@@ -14,14 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Callable
 
 from p2prl.swarm.dht import PolicyRecord
+from p2prl.swarm.messages import MAX_CONTROL_BYTES, MessageError, StateRequest, pack, unpack_map
 from p2prl.swarm.node import SwarmNode, read_frame, write_frame
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 
+log = logging.getLogger("p2prl.swarm.state_sync")
 MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
 MAX_STATE_IDS = 1 << 20
 HEADER_FIELDS = {"version": int, "sha256": str, "weight": int, "published": dict, "trained": list, "weights_len": int,
@@ -112,7 +115,11 @@ class StateSync:
 
     async def on_state(self, peer: str, reader, writer) -> None:
         """``state``: another learner of the run catching up; reply header length, header, weights, optimizer."""
-        await read_frame(reader, MAX_CONTROL_BYTES)
+        try:
+            StateRequest.decode(await read_frame(reader, MAX_CONTROL_BYTES))
+        except MessageError as e:
+            log.info("malformed state request from %s: %s", peer[-6:], e)
+            return
         shared = self._share()
         try:
             header, weights, opt = await asyncio.shield(shared.snapshot)
@@ -137,7 +144,7 @@ class StateSync:
         or (authority runs) ``peer`` is not an authorized learner or did not sign the state's record."""
         if not self.node.trust.authorized(peer):
             raise ValueError("it is not an authorized learner of the run")
-        reply = self.node.request(peer, "state", pack({}), max_reply=self.limit,
+        reply = self.node.request(peer, "state", StateRequest().encode(), max_reply=self.limit,
                                   timeout_s=self.node.transfer_timeout(self.limit // 3))
         got = decode_state(reply)
         if not self.node.trust.policy_ok(peer, got.record):

@@ -51,16 +51,22 @@ class Directory(Protocol):
 
 
 class Delivery(Protocol):
-    """Framed one-request, one-reply streams: rollout batches and acknowledgements, hello, state (``node.py``)."""
+    """One-request, one-reply streams of typed messages (rollout batches and acknowledgements, hello, grad-blob), and
+    the bulk ones whose handlers stream their replies (``node.py``, ``messages.py``)."""
 
     def serve(self, name: str, handler: StreamHandler, timeout_s: float | None = None,
               learners_only: bool = False) -> None: ...
 
+    def serve_rpc(self, name: str, handler, bounds=..., on_bad=None, timeout_s: float | None = None,
+                  learners_only: bool = False) -> None: ...
+
+    def call(self, peer_id: str, name: str, request, bounds=..., timeout_s: float | None = None): ...
+
+    def call_async(self, peer_id: str, name: str, request, bounds=...,
+                   timeout_s: float | None = None) -> concurrent.futures.Future: ...
+
     def request(self, peer_id: str, name: str, payload: bytes, max_reply: int,
                 timeout_s: float | None = None) -> bytes: ...
-
-    def submit(self, peer_id: str, name: str, payload: bytes, max_reply: int,
-               timeout_s: float | None = None) -> concurrent.futures.Future: ...
 
     def transfer_timeout(self, nbytes: int) -> float: ...
 

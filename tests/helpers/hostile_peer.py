@@ -19,7 +19,7 @@ from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.rollout.verify import assigned_prompt_id
 from p2prl.swarm.dht import new_record
 from p2prl.swarm.node import SwarmNode, wait_until
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
 from p2prl.tasks.addition import AdditionTask
 
 maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -22,7 +22,8 @@ from pathlib import Path
 from p2prl.config import NetConfig, TrustConfig
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode, read_frame
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, WeightStore, weights_handler, weights_request
+from p2prl.swarm.messages import MAX_CONTROL_BYTES, WeightsRequest
+from p2prl.swarm.protocol import OK, WeightStore, weights_handler
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 info, size, mode = Path(sys.argv[1]), int(float(sys.argv[2]) * 2**20), sys.argv[3]
@@ -35,8 +36,9 @@ store.add(1, hashlib.sha256(blob).hexdigest(), blob)
 
 
 async def slow(peer, reader, writer):
-    version, sha256, offset, length = weights_request(await read_frame(reader, MAX_CONTROL_BYTES))
-    status, part = store.begin_upload(version, sha256, offset, length)
+    req = WeightsRequest.decode(await read_frame(reader, MAX_CONTROL_BYTES))
+    status, part = store.begin_upload(req.version, req.sha256, req.offset, req.length)
+    offset = req.offset
     assert status == OK
     print(f"sending [{offset}, {offset + len(part)})", flush=True)
     writer.write((1 + len(part)).to_bytes(8, "big") + OK)

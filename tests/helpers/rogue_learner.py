@@ -30,7 +30,8 @@ from p2prl.swarm import owned
 from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, key, new_record
 from p2prl.swarm.node import read_frame, write_frame
 from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, decode_batch, pack, unpack_map
+from p2prl.swarm.messages import MAX_CONTROL_BYTES, Bounds, RolloutsRequest, pack, unpack_map
+from p2prl.swarm.protocol import OK
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
 older_record = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
@@ -52,7 +53,7 @@ async def on_rollout(peer, reader, writer):
 
 
 async def on_rollouts(peer, reader, writer):
-    records = decode_batch(await read_frame(reader, 1 << 26), 4096)
+    records = RolloutsRequest.decode(await read_frame(reader, 1 << 26), Bounds(frame=1 << 26)).records
     counts["rollouts_received"] += len(records)
     await write_frame(writer, pack({"results": [["accepted", ""]] * len(records), "queue": 0, "free": 4096}))
 

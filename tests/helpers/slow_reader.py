@@ -18,7 +18,8 @@ from pathlib import Path
 from p2prl.config import NetConfig, TrustConfig
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.protocol import WeightStore, pack, weights_handler
+from p2prl.swarm.messages import pack
+from p2prl.swarm.protocol import WeightStore, weights_handler
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 mode, info = sys.argv[1], Path(sys.argv[2])

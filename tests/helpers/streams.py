@@ -1,8 +1,13 @@
-"""In-process stand-ins for a libp2p stream's reader and writer (unit tests of stream handlers)."""
+"""In-process stand-ins for a libp2p stream's reader and writer (unit tests of stream handlers), for the node that
+serves request/reply protocols on them, and for the futures of a node's calls."""
 
 import asyncio
+from concurrent.futures import Future
 
 import msgpack
+
+from p2prl.swarm.messages import MessageError
+from p2prl.swarm.node import SwarmNode
 
 
 def frame(payload: bytes) -> asyncio.StreamReader:
@@ -27,3 +32,43 @@ class Writer:
 
     def reply(self) -> dict:
         return msgpack.unpackb(self.data[8:])
+
+
+class Served:
+    """A stand-in node whose ``serve_rpc`` is ``SwarmNode``'s (its framing, bounds, decoding and handling of bad
+    requests), serving on in-memory streams: ``handlers[name](peer, reader, writer)``."""
+
+    limits = None
+    serve_rpc = SwarmNode.serve_rpc
+
+    def __init__(self):
+        self.handlers = {}
+
+    def serve(self, name, handler, timeout_s=None, learners_only=False):
+        self.handlers[name] = handler
+
+    def transfer_timeout(self, nbytes):
+        return 10.0
+
+
+def served(role) -> dict:
+    """The stream handlers ``role.serve(node)`` registers, on in-memory streams."""
+    node = Served()
+    role.serve(node)
+    return node.handlers
+
+
+class WireFuture(Future):
+    """A reply future a test completes with the reply's bytes, decoded as ``SwarmNode.call_async`` decodes them: a
+    reply that does not parse is the future's exception."""
+
+    def __init__(self, reply_type):
+        super().__init__()
+        self.reply_type = reply_type
+
+    def set_result(self, raw):
+        try:
+            reply = self.reply_type.decode(raw)
+        except MessageError as e:
+            return super().set_exception(e)
+        return super().set_result(reply)

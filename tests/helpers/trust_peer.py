@@ -38,7 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from p2prl.config import NetConfig
 from p2prl.swarm.node import Refused, SwarmNode, read_frame, refused_reason, wait_until, write_frame
-from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
 
 log = logging.getLogger("trust_peer")
 mode, maddr, run_id = sys.argv[1:4]

@@ -281,11 +281,11 @@ def test_trust_never_goes_back_to_an_older_record_even_once_the_newer_one_expire
                                       "expires": time.time() + 0.5}).signed(key)
     trust = a.Trust(pub, "run1")
     assert trust.refresh({"k1": both.encode()}) == both and trust.authorized(k1.peer_id)
-    assert trust.record_bytes() == both.encode() and trust.record_bytes() is trust.record_bytes()
+    assert trust.record == both and trust.adopt({"k1": a.RunRecord.decode(both.encode())}) == both  # typed, as replies
     assert trust.refresh({"k0": revoked.encode()}) == revoked and not trust.authorized(k1.peer_id)
     # the revoked learner keeps offering the older record, which still names it: never adopted again
     assert trust.refresh({"k1": both.encode()}) == revoked and not trust.authorized(k1.peer_id)
     time.sleep(0.6)
     assert trust.refresh({"k1": both.encode()}) is None and not trust.authorized(k1.peer_id)
-    assert trust.issued == revoked.issued and trust.record_bytes() is None
+    assert trust.issued == revoked.issued and trust.record is None
     assert trust.counts["untrusted/run_record"] == 0  # an older valid record is not a forgery

@@ -19,9 +19,19 @@ from p2prl.sampler.outbox import GIVE_UP_FAILURES
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PolicyRecord, new_record
 from p2prl.swarm.node import Refused
-from p2prl.swarm.protocol import (BatchError, batch_frame_limit, decode_batch, encode_batch, pack, queue_bounds,
-                                  queue_room, send_window, unpack_map)
-from helpers.streams import Writer, frame
+from p2prl.swarm.authority import RunRecord
+from p2prl.swarm.messages import (AcksReply, Bounds, MessageError, RolloutsReply, RolloutsRequest, batch_frame_limit,
+                                  pack)
+from p2prl.swarm.protocol import queue_bounds, queue_room, send_window
+from helpers.streams import Writer, WireFuture, frame, served
+
+
+def encode_batch(records: list[bytes]) -> bytes:
+    return RolloutsRequest(tuple(records)).encode()
+
+
+def decode_batch(raw: bytes, max_groups: int) -> list[bytes]:
+    return list(RolloutsRequest.decode(raw, Bounds(groups=max_groups)).records)
 
 
 def test_batch_round_trip_keeps_order_and_empty_records():
@@ -39,7 +49,7 @@ def test_batch_round_trip_keeps_order_and_empty_records():
     ((1).to_bytes(4, "big") + (2**32 - 1).to_bytes(4, "big") + b"abc", "truncated"),  # length beyond the frame
 ])
 def test_bad_batches_raise_batch_error(raw, reason):
-    with pytest.raises(BatchError) as e:
+    with pytest.raises(MessageError) as e:
         decode_batch(raw, max_groups=4)
     assert e.value.reason == reason
 
@@ -47,14 +57,14 @@ def test_bad_batches_raise_batch_error(raw, reason):
 def test_every_cut_and_random_garbage_is_a_batch_error_never_a_crash():
     good = encode_batch([b"first", b"second record", b"3"])
     for cut in range(len(good)):
-        with pytest.raises(BatchError):
+        with pytest.raises(MessageError):
             decode_batch(good[:cut], max_groups=8)
     rng = np.random.default_rng(0)
     for _ in range(500):
         raw = rng.integers(0, 256, size=int(rng.integers(0, 64)), dtype=np.uint8).tobytes()
         try:
             out = decode_batch(raw, max_groups=8)
-        except BatchError:
+        except MessageError:
             continue
         assert encode_batch(out) == raw  # whatever parses is exactly a well-formed batch
 
@@ -196,7 +206,7 @@ def run_rollouts(lrn, raw: bytes, peer: str) -> dict:
     w = Writer()
 
     async def go():  # the reader belongs to the loop that runs the handler
-        await lrn.on_rollouts(peer, frame(raw), w)
+        await served(lrn)["rollouts"](peer, frame(raw), w)
 
     asyncio.run(go())
     return w.reply()
@@ -228,22 +238,23 @@ class FakeNode:
         self.sent: list[tuple[str, bytes, Future]] = []
         self.trust, self.peer_id = Trust("", "test"), "S"
 
-    def submit(self, peer, name, payload, max_reply, timeout_s=None):
-        f = Future()
+    def call_async(self, peer, name, request, bounds=None, timeout_s=None):
         if name == "acks":
-            self.acks = [*getattr(self, "acks", []), (peer, unpack_map(payload, {"ids": list})["ids"], f)]
+            f = WireFuture(AcksReply)
+            self.acks = [*getattr(self, "acks", []), (peer, list(request.ids), f)]
             return f
         assert name == "rollouts"
-        self.sent.append((peer, payload, f))
+        f = WireFuture(RolloutsReply)
+        self.sent.append((peer, request.encode(), f))
         return f
 
     def transfer_timeout(self, nbytes):
         return 10.0
 
-    def request(self, peer, name, payload, max_reply, timeout_s=None):
+    def call(self, peer, name, request, bounds=None, timeout_s=None):
         assert name == "acks"
-        self.asked = [*getattr(self, "asked", []), (peer, unpack_map(payload, {"ids": list})["ids"])]
-        return pack({"states": {}, "queue": 1, "free": 7})
+        self.asked = [*getattr(self, "asked", []), (peer, list(request.ids))]
+        return AcksReply.decode(pack({"states": {}, "queue": 1, "free": 7}))
 
 
 def fake_sampler(n_groups: int, **flow) -> Sampler:
@@ -252,58 +263,59 @@ def fake_sampler(n_groups: int, **flow) -> Sampler:
     s = Sampler(cfg, FakeNode(), core=SimpleNamespace(version=2, weights_sha256=""))
     s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
     for i in range(n_groups):
-        s.outbox.add(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode())
+        s.link.outbox.add(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode())
     return s
 
 
 def test_sampler_sends_a_window_and_handles_each_groups_answer():
     s = fake_sampler(5)
-    s.flush()
+    s.link.flush()
     [(peer, payload, fut)] = s.node.sent
     assert peer == "L1" and decode_batch(payload, 8) == [b"rec0", b"rec1"]  # window: one loop's batch (2)
-    s.flush()
+    s.link.flush()
     assert len(s.node.sent) == 1, "a full window waits for its reply"
     fut.set_result(pack({"results": [["accepted", ""], ["busy", "queue_full"]], "queue": 1, "free": 3}))
-    s.collect()
-    assert s.outbox.groups["S/0"].learner == "L1" and not s.outbox.groups["S/0"].sending
-    assert s.outbox.groups["S/1"].learner is None and s.outbox.counts["send/busy"] == 1 and "L1" in s.outbox.rtt
-    assert s.outbox.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
-    s.flush()
+    s.link.collect()
+    assert s.link.outbox.groups["S/0"].learner == "L1" and not s.link.outbox.groups["S/0"].sending
+    box = s.link.outbox
+    assert box.groups["S/1"].learner is None and box.counts["send/busy"] == 1 and "L1" in box.rtt
+    assert s.link.outbox.free["L1"] == 0, "after a busy answer, nothing more until an acks reply says there is room"
+    s.link.flush()
     assert len(s.node.sent) == 1
-    assert [p.group.group_id for p in s.outbox.unsent()] == ["S/1", "S/2", "S/3", "S/4"]
-    s.outbox.free["L1"] = 4  # as an acks reply sets it
-    s.flush()
+    assert [p.group.group_id for p in s.link.outbox.unsent()] == ["S/1", "S/2", "S/3", "S/4"]
+    s.link.outbox.free["L1"] = 4  # as an acks reply sets it
+    s.link.flush()
     assert decode_batch(s.node.sent[1][1], 8) == [b"rec1", b"rec2"]  # the busy group goes first
     s.node.sent[1][2].set_result(pack({"results": [["rejected", "bad_reward"], ["duplicate", ""]], "queue": 2,
                                        "free": 0}))
-    s.collect()
-    assert "S/1" not in s.outbox.groups and s.outbox.groups["S/2"].learner == "L1"
-    s.flush()
+    s.link.collect()
+    assert "S/1" not in s.link.outbox.groups and s.link.outbox.groups["S/2"].learner == "L1"
+    s.link.flush()
     assert len(s.node.sent) == 2, "the learner said it takes no more"
 
 
 def test_a_sampler_answered_busy_asks_for_room_again_after_two_round_trips_not_a_whole_poll():
     s = fake_sampler(3)
-    s.outbox.free["L1"], s.outbox.rtt["L1"] = 0, 0.2
+    s.link.outbox.free["L1"], s.link.outbox.rtt["L1"] = 0, 0.2
     stop = SimpleNamespace(waited=[], wait=lambda t: stop.waited.append(t) or False)
-    s.wait_for_room(stop)
+    s.link.wait_for_room(stop)
     assert stop.waited == [pytest.approx(0.4)] and s.node.asked == [("L1", [])]
-    assert s.outbox.free["L1"] == 7 and s.outbox.queues["L1"] == 1
-    s.flush()
+    assert s.link.outbox.free["L1"] == 7 and s.link.outbox.queues["L1"] == 1
+    s.link.flush()
     assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0", b"rec1"]]
-    s.wait_for_room(SimpleNamespace(wait=lambda t: False))  # a batch in flight: its reply is what it waits for
+    s.link.wait_for_room(SimpleNamespace(wait=lambda t: False))  # a batch in flight: its reply is what it waits for
     assert len(s.node.asked) == 1
 
 
 def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learners_room():
     s = fake_sampler(12)
-    s.outbox.rtt["L1"], s.throughput, s.outbox.free["L1"] = 1.5, 4.0, 20  # 6 groups made per round trip
-    s.flush()
+    s.link.outbox.rtt["L1"], s.throughput, s.link.outbox.free["L1"] = 1.5, 4.0, 20  # 6 groups made per round trip
+    s.link.flush()
     assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6]
-    s.outbox.free["L1"] = 3
+    s.link.outbox.free["L1"] = 3
     s.node.sent[0][2].set_result(pack({"results": [["accepted", ""]] * 6, "queue": 6, "free": 3}))
-    s.collect()
-    s.flush()
+    s.link.collect()
+    s.link.flush()
     assert [len(decode_batch(p, 32)) for _, p, _ in s.node.sent] == [6, 3]
 
 
@@ -314,36 +326,37 @@ def test_a_far_sampler_keeps_a_round_trip_of_groups_in_flight_within_the_learner
     (pack({"error": "truncated", "results": [], "queue": 0, "free": 1}), None)])
 def test_a_failed_or_malformed_batch_reply_keeps_every_group_and_backs_off(outcome, taken):
     s = fake_sampler(2)
-    s.flush()
+    s.link.flush()
     fut = s.node.sent[0][2]
     fut.set_exception(outcome) if isinstance(outcome, Exception) else fut.set_result(outcome)
-    s.collect()
-    assert all(p.learner == taken and not p.sending for p in s.outbox.groups.values()) and len(s.outbox) == 2
-    assert s.outbox.counts["send/failed"] == 1 and "L1" in s.outbox.failures
+    s.link.collect()
+    assert all(p.learner == taken and not p.sending for p in s.link.outbox.groups.values()) and len(s.link.outbox) == 2
+    assert s.link.outbox.counts["send/failed"] == 1 and "L1" in s.link.outbox.failures
 
 
 def test_batches_respect_the_byte_bound():
     s = fake_sampler(2, max_batch_mb=6 / 2**20)  # 6 bytes: one 4-byte record per batch
-    s.flush()
+    s.link.flush()
     assert [decode_batch(p, 8) for _, p, _ in s.node.sent] == [[b"rec0"], [b"rec1"]]
 
 
 def test_acks_are_asked_without_waiting_and_their_replies_settle_the_outbox():
     s = fake_sampler(4)
-    for p in s.outbox.groups.values():
+    for p in s.link.outbox.groups.values():
         p.learner = "L1"
-    s.settle()
+    s.link.settle()
     [(peer, ids, fut)] = s.node.acks
     assert peer == "L1" and ids == ["S/0", "S/1", "S/2", "S/3"]
-    s.settle()
+    s.link.settle()
     assert len(s.node.acks) == 1, "one request per learner in flight"
-    s.outbox.groups["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
+    s.link.outbox.groups["S/3"].learner = None  # sent again elsewhere meanwhile: the reply no longer speaks for it
     fut.set_result(pack({"states": {"S/0": "trained", "S/1": "unknown", "S/2": "pending", "S/3": "trained"},
                          "queue": 3, "free": 5, "policy": policy(2)}))
-    s.collect()
-    assert sorted(s.outbox.groups) == ["S/1", "S/2", "S/3"] and s.outbox.counts["acked/trained"] == 1
-    assert s.outbox.groups["S/1"].learner is None and s.outbox.counts["send/resend"] == 1 and s.outbox.groups["S/2"].learner == "L1"
-    assert (s.outbox.queues["L1"], s.outbox.free["L1"]) == (3, 5) and not s.acking
+    s.link.collect()
+    assert sorted(s.link.outbox.groups) == ["S/1", "S/2", "S/3"] and s.link.outbox.counts["acked/trained"] == 1
+    box = s.link.outbox
+    assert box.groups["S/1"].learner is None and box.counts["send/resend"] == 1 and box.groups["S/2"].learner == "L1"
+    assert (s.link.outbox.queues["L1"], s.link.outbox.free["L1"]) == (3, 5) and not s.link.acking
     assert not s.wake.is_set(), "the learner is at the version we hold"
 
 
@@ -352,22 +365,22 @@ def test_groups_a_learner_holds_go_elsewhere_only_after_it_fails_again_and_again
     # learner they could be trained twice
     s = fake_sampler(2)
     s.learners.append(new_record("learner", "test", "L2", policy_version=0, throughput=0.0, queue_depth=0))
-    for p in s.outbox.groups.values():
+    for p in s.link.outbox.groups.values():
         p.learner = "L1"
     for n in range(1, GIVE_UP_FAILURES):
-        s.settle()
+        s.link.settle()
         s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
-        s.collect()
-        assert all(p.learner == "L1" for p in s.outbox.groups.values()) and s.outbox.failures["L1"][0] == n
-    s.settle()
+        s.link.collect()
+        assert all(p.learner == "L1" for p in s.link.outbox.groups.values()) and s.link.outbox.failures["L1"][0] == n
+    s.link.settle()
     s.node.acks[-1][2].set_result(pack({"states": {"S/0": "pending", "S/1": "pending"}, "queue": 2, "free": 0}))
-    s.collect()
-    assert s.outbox.failures["L1"][0] == 0, "an answer ends the run of failures"
+    s.link.collect()
+    assert s.link.outbox.failures["L1"][0] == 0, "an answer ends the run of failures"
     for _ in range(GIVE_UP_FAILURES):
-        s.settle()
+        s.link.settle()
         s.node.acks[-1][2].set_exception(TimeoutError("no answer"))
-        s.collect()
-    assert all(p.learner is None for p in s.outbox.groups.values()) and s.outbox.counts["send/resend"] == 2
+        s.link.collect()
+    assert all(p.learner is None for p in s.link.outbox.groups.values()) and s.link.outbox.counts["send/resend"] == 2
 
 
 def test_a_failed_learner_look_up_does_not_forget_the_learners():
@@ -399,28 +412,33 @@ def policy(version: int) -> bytes:
     return PolicyRecord(version=version, sha256="cd" * 32, size=10).encode()
 
 
+def named(version: int) -> PolicyRecord:
+    """The record a reply naming ``policy(version)`` carries, decoded."""
+    return PolicyRecord.decode(policy(version))
+
+
 def test_a_reply_naming_a_newer_version_wakes_the_look_up_only_when_we_would_load_it():
     s = fake_sampler(0)  # holds version 2
-    s.note_policy("L1", policy(2))
+    s.note_policy("L1", named(2))
     assert not s.wake.is_set()
     s.next_sync = 6  # the sync delay holds us at version 2 until version 6
-    s.note_policy("L1", policy(5))
+    s.note_policy("L1", named(5))
     assert not s.wake.is_set()
     s.fetched.put(("L1", None, bytearray()))  # one fetched already waits to be loaded
-    s.note_policy("L1", policy(6))
+    s.note_policy("L1", named(6))
     assert not s.wake.is_set()
     s.fetched.take()
     for junk in (None, 6, b"\x92garbage", PolicyRecord(version=6, sha256="cd" * 32, size=10).model_dump()):
-        s.note_policy("L1", junk)
+        s.note_policy("L1", PolicyRecord.decode(junk))  # what a reply naming it carries
     assert not s.wake.is_set() and s.hints.empty()
-    s.note_policy("L1", policy(6))
+    s.note_policy("L1", named(6))
     assert s.wake.is_set() and s.hints.take() == ("L1", PolicyRecord.decode(policy(6)))
 
 
 def test_a_record_a_learner_names_is_checked_as_one_from_the_dht():
     s = fake_sampler(0)
     s.node.trust = Trust("a" * 52, "test")  # a run with an authority: records must be signed by authorized learners
-    s.note_policy("L1", policy(6))
+    s.note_policy("L1", named(6))
     assert s.hints.empty() and not s.wake.is_set() and s.node.trust.counts["untrusted/policy_record"] == 1
 
 
@@ -433,10 +451,10 @@ def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(mon
     s.node.holders = lambda r: calls.append("holders") or ["S2"]
     monkeypatch.setattr("p2prl.sampler.loop.fetch_weights", lambda node, holders, r, parallel: fetched_from.append(
         list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1]))
-    s.rtts["L1"] = 1.5  # far
+    s.link.rtts["L1"] = 1.5  # far
     assert s.fetch_latest(("L1", rec))[:2] == ("L1", rec)
     assert calls == [] and fetched_from == [["L1"]]
-    s.rtts["L1"] = 0.05  # near: holders looked up (samplers serve it first)
+    s.link.rtts["L1"] = 0.05  # near: holders looked up (samplers serve it first)
     s.fetch_latest(("L1", rec))
     assert calls == ["holders"] and fetched_from[-1] == ["S2", "L1"]
     s.fetch_latest()  # no hint: the DHT's newest
@@ -462,7 +480,7 @@ def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one(
         assert s.fetched.take()[1].version == 1  # the loop loaded it
         s.wake.set()
         assert wait_for(lambda: not s.fetched.empty(), 5) and looked[1] is None
-        s.note_policy("L1", policy(1))  # learners' replies name their newest records: no DHT look-ups
+        s.note_policy("L1", named(1))  # learners' replies name their newest records: no DHT look-ups
         assert s.fetched.take()[1].version == 2
         s.wake.set()
         time.sleep(0.3)
@@ -516,32 +534,37 @@ def test_a_newer_run_record_in_a_reply_is_adopted_and_a_revoked_learner_gets_not
     s.node.trust.refresh({"L2": both.encode()})
     s.learners = [new_record("learner", "test", p, policy_version=0, throughput=0.0, queue_depth=0)
                   for p in ("L2", "L1")]
-    s.note_run_record("L2", both.encode())  # what it holds already: nothing changes
-    s.note_run_record("L1", b"\x92junk")
+    s.note_run_record("L2", RunRecord.decode(both.encode()))  # what it holds already: nothing changes
+    s.note_run_record("L1", RunRecord.decode(b"\x92junk"))
     assert [r.peer_id for r in s.learners] == ["L2", "L1"] and s.node.trust.counts["untrusted/run_record"] == 0
     forged = revoked.model_copy(update={"learners": ["L2"], "issued": revoked.issued + 1}).signed(
         a.new_authority_key())
-    s.note_run_record("L2", forged.encode())
+    s.note_run_record("L2", RunRecord.decode(forged.encode()))
     assert [r.peer_id for r in s.learners] == ["L2", "L1"] and s.node.trust.counts["untrusted/run_record"] == 1
     s.node.trust.counts.clear()
-    s.flush()
+    s.link.flush()
     sent = {peer: fut for peer, _, fut in s.node.sent}
     assert set(sent) == {"L1", "L2"}  # a batch to each, as before the revocation
     sent["L2"].set_result(pack({"results": [["accepted", ""]] * 2, "queue": 0, "free": 8,
                                 "run_record": revoked.encode()}))
-    s.collect()
+    s.link.collect()
     assert s.node.trust.record == revoked and [r.peer_id for r in s.learners] == ["L1"]
-    s.outbox.add(SimpleNamespace(group_id="S/9"), b"rec9")
+    s.link.outbox.add(SimpleNamespace(group_id="S/9"), b"rec9")
     sent["L1"].set_result(pack({"results": [["accepted", ""]] * 2, "queue": 0, "free": 8}))
-    s.collect()
+    s.link.collect()
     n = len(s.node.sent)
-    s.flush()
+    s.link.flush()
     assert len(s.node.sent) > n and {peer for peer, _, _ in s.node.sent[n:]} == {"L1"}
 
 
 def test_an_authority_learner_names_its_run_record_in_its_replies():
+    from p2prl.swarm import authority as a
+    from p2prl.swarm.dht import RunConfigRecord
+
     lrn = fake_learner([])
-    assert "run_record" not in lrn.policy_hint()  # an open run
-    lrn.run_record = lambda: b"the record"
-    assert lrn.policy_hint()["run_record"] == b"the record"
+    assert "run_record" not in run_rollouts(lrn, encode_batch([b"g"]), "s")  # an open run
+    config = RunConfigRecord(model="ab" * 32, task="addition", sampling={}, algo={}, optim={})
+    rec = a.new_run_record("test", config, ["L1"], 1.0, a.new_authority_key())
+    lrn.run_record = lambda: rec
+    assert run_rollouts(lrn, encode_batch([b"g"]), "s")["run_record"] == rec.encode()
     lrn.admission.shutdown()

@@ -22,11 +22,12 @@ from p2prl.sampler.loop import Sampler
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
 from p2prl.swarm.membership import Membership
-from p2prl.swarm.protocol import (OK, BatchError, WeightStore, decode_batch, encode_batch, pack, unpack_map,
-                                  weights_handler, weights_request)
+from p2prl.swarm.messages import (AcksReply, Bounds, HelloReply, MessageError, RolloutsRequest, WeightsRequest, pack,
+                                  unpack_map)
+from p2prl.swarm.protocol import OK, WeightStore, weights_handler
 from p2prl.swarm.reputation import HONEST, Reputation
 from p2prl.swarm.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
-from helpers.streams import Writer, frame
+from helpers.streams import Writer, frame, served
 
 FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -158,7 +159,7 @@ def test_fuzz_learner_admission_counts_every_rejection(data):
 @given(st.one_of(st.binary(max_size=512), VALUES.map(lambda v: pack({"ids": v})), VALUES.map(pack)))
 def test_fuzz_acks_request(raw):
     learner = fake_learner()
-    w = serve(lambda r, w: learner.on_acks(PEER, r, w), raw)
+    w = serve(lambda r, w: served(learner)["acks"](PEER, r, w), raw)
     try:
         unpack_map(raw, {"ids": list})
     except ValueError:
@@ -174,17 +175,17 @@ def test_fuzz_acks_request(raw):
 def test_fuzz_rollouts_batch_admits_each_record_as_a_single_one(data):
     records = [encode_group(valid_group())] + [random_or_mutated(data, VALID_GROUP)
                                                for _ in range(data.draw(st.integers(0, 3)))]
-    raw = encode_batch(data.draw(st.permutations(records)))
+    raw = RolloutsRequest(tuple(data.draw(st.permutations(records)))).encode()
     if data.draw(st.booleans()):
         raw = damage(raw, data)
     learner = fake_learner()
     try:
-        reply = serve(lambda r, w: learner.on_rollouts(PEER, r, w), raw).reply()
+        reply = serve(lambda r, w: served(learner)["rollouts"](PEER, r, w), raw).reply()
     finally:
         learner.shutdown()
     try:
-        parts = decode_batch(raw, 4)
-    except BatchError as e:
+        parts = RolloutsRequest.decode(raw, Bounds(frame=learner.batch_limit, groups=4)).records
+    except MessageError as e:
         assert reply["error"] == e.reason and reply["results"] == []
         assert learner.reputation.peers[PEER].reasons == Counter({f"batch_{e.reason}": 1})
         return
@@ -203,7 +204,7 @@ def test_fuzz_acks_reply(raw):
     # record that wakes the sync thread only when it is valid and newer than the version held
     s = Sampler(SAMPLER_CFG, SimpleNamespace(peer_id="S", trust=Trust("", "run")), core=SimpleNamespace(version=5))
     try:
-        states = s.acks_reply("L", raw)
+        states = s.link.acks_reply("L", AcksReply.decode(raw))
     except ValueError:
         return
     assert isinstance(states, dict)
@@ -220,8 +221,8 @@ class ReplyNode:
     def __init__(self, reply: bytes):
         self.reply = reply
 
-    def request(self, *a, **k):
-        return self.reply
+    def call(self, *a, **k):
+        return HelloReply.decode(self.reply)
 
 
 VALID_HELLO = {"policy": PolicyRecord(version=3, sha256="ab" * 32, size=10).encode(), "learners": ["a", "b"]}
@@ -300,7 +301,8 @@ def test_fuzz_weights_request(raw):
     handle = weights_handler(store, reject=lambda peer, reason: reported.append((peer, reason)))
     w = serve(lambda r, w: handle(PEER, r, w), raw)
     try:
-        version, _, offset, length = weights_request(raw)
+        req = WeightsRequest.decode(raw)
+        version, offset, length = req.version, req.offset, req.length
         if version == 3 and length is not None and not offset + length <= 7:
             raise ValueError("range outside the blob")
     except ValueError:

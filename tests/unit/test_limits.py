@@ -8,7 +8,7 @@ import pytest
 from p2prl.config import TrustConfig
 from p2prl.swarm.limits import PeerLimits, TokenBucket
 from p2prl.swarm.node import SlowReader, refusal, refused_reason, write_frame
-from p2prl.swarm.protocol import pack
+from p2prl.swarm.messages import pack
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.state_sync import encode_state, state_header
 

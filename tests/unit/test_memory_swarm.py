@@ -11,6 +11,7 @@ from p2prl.learner.loop import Learner
 from p2prl.sampler.loop import Sampler
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.limits import PeerLimits
+from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
 from p2prl.swarm.node import Refused, SwarmNode
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.transport import MemorySwarm
@@ -36,7 +37,14 @@ def test_memory_nodes_share_records_and_streams_through_the_gate():
 
         a.serve("echo", echo)
         assert b.request(a.peer_id, "echo", b"hi", 200) == b.peer_id.encode() + b":hi"
-        assert b.submit(a.peer_id, "echo", b"later", 200).result(5) == b.peer_id.encode() + b":later"
+
+        async def blob(peer, req):  # a request/reply protocol: typed messages, framed by the nodes
+            return BlobReply(peer.encode() + b":" + req.digest.encode())
+
+        a.serve_rpc("grad-blob", blob, Bounds(frame=64))
+        assert b.call(a.peer_id, "grad-blob", BlobRequest("now")) == BlobReply(b.peer_id.encode() + b":now")
+        later = b.call_async(a.peer_id, "grad-blob", BlobRequest("later"))
+        assert later.result(5).blob == b.peer_id.encode() + b":later"
         for _ in range(30):  # malformed requests from b, until it is banned
             a.reputation.reject(b.peer_id, "malformed")
         with pytest.raises(Refused, match="banned"):

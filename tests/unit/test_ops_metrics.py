@@ -12,6 +12,7 @@ from p2prl import PROTOCOL_VERSION, prom
 from p2prl.config import load_config
 from p2prl.learner.report import LearnerReport, families, step_metrics, summary
 from p2prl.sampler.loop import Sampler, View
+from p2prl.sampler.report import sampler_metrics
 from p2prl.swarm import status
 from p2prl.swarm.dht import PeerRecord, RunAnnouncement, new_record
 
@@ -86,7 +87,7 @@ def test_sampler_metrics_read_its_counters():
     sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40))
     sampler.throughput, sampler.learners, sampler.store.bytes_served = 2.0, [1], 10
     sampler.view = View({"send/accepted": 30, "send/rejected/stale": 2, "acked/trained": 25}, groups=2)  # the loop's
-    m = scrape(sampler.prometheus)
+    m = scrape(lambda: sampler_metrics(sampler))
     one = lambda name: next(iter(m[name].values()))  # noqa: E731
     assert one("p2prl_policy_version") == 3 and one("p2prl_groups_made_total") == 40 and one("p2prl_outbox_groups") == 2
     events = {tuple(v for _, v in sorted(k, key=lambda kv: ["section", "outcome", "reason"].index(kv[0]))): n

@@ -17,8 +17,9 @@ from p2prl.rollout.record import Limits
 from p2prl.swarm.authority import Trust
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.membership import Membership
-from p2prl.swarm.protocol import MISSING, OK, WeightStore, pack, weights_handler
-from helpers.streams import Writer, frame
+from p2prl.swarm.messages import HelloReply, pack
+from p2prl.swarm.protocol import MISSING, OK, WeightStore, weights_handler
+from helpers.streams import Writer, frame, served
 
 
 class FakeNode:
@@ -45,10 +46,10 @@ class FakeNode:
     def peers(self, role):
         return [SimpleNamespace(peer_id="other"), SimpleNamespace(peer_id="me")]
 
-    def request(self, peer, name, payload, max_reply):
+    def call(self, peer, name, request, bounds=None, timeout_s=None):
         if self.reply is None:
             raise ConnectionError("no route")
-        return self.reply
+        return HelloReply.decode(self.reply)
 
     def shutdown(self):
         self.shut = True
@@ -139,8 +140,8 @@ def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
         assert ask(pack({"version": "3", "sha256": "ab" * 32})) == b""
     assert store.bad_requests == 2
     assert [r.getMessage() for r in caplog.records] == [
-        "bad weights request from XYZ123: not msgpack: ExtraData (1 so far)",
-        "bad weights request from XYZ123: field 'version' missing or not int (2 so far)"]
+        "bad weights request from XYZ123: not_msgpack: ExtraData (1 so far)",
+        "bad weights request from XYZ123: bad_field: field 'version' missing or not int (2 so far)"]
     assert ask(pack({"version": 3, "sha256": "ab" * 32})) == (8).to_bytes(8, "big") + OK + b"weights"
     assert ask(pack({"version": 4, "sha256": "ab" * 32})) == (1).to_bytes(8, "big") + MISSING
     assert store.bad_requests == 2 and store.uploads == 1
@@ -178,7 +179,7 @@ def test_rollout_admission_runs_off_the_network_loop():
 
         ticker = asyncio.create_task(tick())
         w = Writer()
-        await learner.on_rollout("peer", frame(b"record"), w)
+        await served(learner)["rollout"]("peer", frame(b"record"), w)
         ticker.cancel()
         return ticks, w.data
 
@@ -215,7 +216,7 @@ def test_state_reply_round_trip_and_checks():
     assert bad(weights_len=0) == "state weights length out of range"
     assert bad(published={"x6": sha}) == "bad published map"
     assert bad(trained=["s/1", 3]) == "bad trained group ids"
-    assert bad(version="7") == "field 'version' missing or not int"
+    assert bad(version="7") == "bad_field: field 'version' missing or not int"
     assert bad(record=rec.model_copy(update={"version": 6}).encode()) == "the state's record does not describe its weights"
     assert bad(record=b"junk") == "the state's record does not describe its weights"
 
@@ -233,7 +234,7 @@ def test_a_record_arriving_while_the_learner_stops_is_left_unanswered_without_a_
     w = Writer()
 
     async def late():  # the reader is made inside the loop, as on a real stream
-        await learner.on_rollout("peer", frame(b"record"), w)
+        await served(learner)["rollout"]("peer", frame(b"record"), w)
 
     with caplog.at_level(logging.DEBUG, logger="p2prl.learner"):
         asyncio.run(late())

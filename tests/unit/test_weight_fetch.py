@@ -11,7 +11,8 @@ import pytest
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.fetch import MIN_SPLIT, Assembly, Piece, assemble, range_request, split
 from p2prl.swarm.node import refusal
-from p2prl.swarm.protocol import MISSING, OK, WeightStore, pack, weights_handler
+from p2prl.swarm.messages import pack
+from p2prl.swarm.protocol import MISSING, OK, WeightStore, weights_handler
 
 from helpers.streams import Writer, frame
 
@@ -68,10 +69,10 @@ def test_split_covers_the_blob_and_keeps_small_blobs_whole():
     assert [(p.start, p.end) for p in pieces] == [(0, (MIN_SPLIT + 1) // 2), ((MIN_SPLIT + 1) // 2, MIN_SPLIT + 1)]
     assert len(split(MIN_SPLIT, 1)) == 1 and len(split(64 * MIN_SPLIT, 3)) == 3
     rec = PolicyRecord(version=1, sha256=SHA, size=100)
-    assert b"offset" not in range_request(rec, Piece(0, 100))  # the whole blob: a protocol 4 request
+    assert b"offset" not in range_request(rec, Piece(0, 100)).encode()  # the whole blob: a protocol 4 request
     p = Piece(50, 100)
     p.pos = 60
-    assert range_request(rec, p) == pack({"version": 1, "sha256": SHA, "offset": 60, "length": 40})
+    assert range_request(rec, p).encode() == pack({"version": 1, "sha256": SHA, "offset": 60, "length": 40})
 
 
 def test_the_hash_follows_the_contiguous_prefix_that_arrived():

@@ -1,0 +1,154 @@
+"""The sampler's exchanges with learners: its groups sent in batches (``rollouts``), the replies handled, the learners
+asked what became of the groups they hold (``acks``). All on the sampler's loop thread, never waiting for a reply but
+to ask a learner for room; what becomes of each group is the ``Outbox``'s rule (``outbox.py``). Every reply names the
+learner's newest policy record and, in an authority run, the run record it holds: both go to ``on_reply``."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from p2prl.sampler.outbox import Outbox
+from p2prl.swarm.messages import AcksReply, AcksRequest, MessageError, RolloutsRequest
+from p2prl.swarm.node import Refused, backoff
+
+if TYPE_CHECKING:
+    from p2prl.config import Config
+    from p2prl.swarm.authority import RunRecord
+    from p2prl.swarm.dht import PeerRecord, PolicyRecord
+    from p2prl.swarm.transport import Delivery
+
+ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
+ACK_CHUNK = 1024  # group ids asked about in one ``acks`` request
+
+
+class BatchRefused(ConnectionError):
+    """A ``rollouts`` reply with an error: the learner took none of the batch's groups."""
+
+
+@dataclass
+class Asking:
+    """One ``acks`` request in flight."""
+
+    learner: str
+    ids: list[str]
+    reply: Future
+
+
+@dataclass
+class Batch:
+    """One ``rollouts`` request in flight."""
+
+    learner: str
+    ids: list[str]
+    reply: Future
+    started: float = field(default_factory=time.monotonic)
+    done_at: float = 0.0
+
+
+class LearnerLink:
+    def __init__(self, cfg: Config, node: Delivery, learners: Callable[[], list[PeerRecord]],
+                 throughput: Callable[[], float],
+                 on_reply: Callable[[str, PolicyRecord | None, RunRecord | None], None]):
+        """``learners``: the run's learners now; ``throughput``: groups made per second (the send window's rate);
+        ``on_reply(learner, policy record, run record)``: the records a learner's reply named."""
+        self.cfg, self.node = cfg, node
+        self.learners, self.throughput, self.on_reply = learners, throughput, on_reply
+        self.outbox = Outbox(cfg.flow, cfg.train.groups_per_step, backoff)
+        self.in_flight: list[Batch] = []
+        self.acking: list[Asking] = []
+        self.rtts: dict[str, float] = {}  # the outbox's round-trip times, as last published for other threads
+        self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
+
+    def flush(self) -> None:
+        """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
+        max_bytes = int(self.cfg.flow.max_batch_mb * 2**20)
+        while True:
+            planned = self.outbox.next_batch(self.learners(), self.throughput(), time.time(), max_bytes)
+            if planned is None:
+                return
+            target, batch = planned
+            req = RolloutsRequest(tuple(p.data for p in batch))
+            reply = self.node.call_async(target, "rollouts", req, timeout_s=self.node.transfer_timeout(req.nbytes))
+            b = Batch(target, [p.group.group_id for p in batch], reply)
+            reply.add_done_callback(lambda _f, b=b: setattr(b, "done_at", time.monotonic()))
+            self.in_flight.append(b)
+
+    def wait_for_room(self, stop: threading.Event) -> None:
+        """Groups wait for room at a learner: pause until a batch in flight is answered (``net.poll_s`` at
+        most); with none in flight, ask the learners that answered ``busy`` for their free space again
+        after about two round trips to them (``ROOM_POLL_S`` at least, ``net.poll_s`` at most), so that
+        a learner that drains its queue in a fraction of a second is not left waiting for a whole poll."""
+        if self.in_flight:
+            concurrent.futures.wait([b.reply for b in self.in_flight], self.cfg.net.poll_s,
+                                    concurrent.futures.FIRST_COMPLETED)
+            return
+        full = self.outbox.without_room(self.learners(), time.time())
+        rtt = max([self.outbox.rtt.get(learner, 0.0) for learner in full], default=0.0)
+        if stop.wait(min(self.cfg.net.poll_s, max(ROOM_POLL_S, 2 * rtt))) or not full:
+            return
+        for learner in full:
+            try:
+                self.ask_acks(learner, [])
+            except Exception as e:
+                self.outbox.failed(learner, f"asking for room ({type(e).__name__})", time.time())
+
+    def collect(self) -> None:
+        """Handle the replies of the batches and ``acks`` requests that have come back."""
+        for a in [a for a in self.acking if a.reply.done()]:
+            self.acking.remove(a)
+            try:
+                states = self.acks_reply(a.learner, a.reply.result())
+            except Exception as e:
+                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time())
+                continue
+            for gid in self.outbox.states(a.learner, a.ids, states):
+                if self.ack_log:
+                    self.ack_log.write(gid + "\n")
+        for b in [b for b in self.in_flight if b.reply.done()]:
+            self.in_flight.remove(b)
+            what = f"sending {len(b.ids)} groups"
+            try:
+                reply = b.reply.result()
+                if reply.error:
+                    raise BatchRefused(f"batch refused: {reply.error}")
+                if len(reply.results) != len(b.ids):
+                    raise MessageError("result_count", f"{len(reply.results)} results for {len(b.ids)} groups")
+            except (Refused, BatchRefused) as e:  # the learner took none of them
+                self.outbox.batch_refused(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
+                continue
+            except Exception as e:  # no reply in time, or one that does not parse: it may have taken them
+                self.outbox.batch_unanswered(b.learner, b.ids, f"{what} ({type(e).__name__})", time.time())
+                continue
+            rtt = (b.done_at or time.monotonic()) - b.started  # the callback may not have run yet
+            self.outbox.batch_answered(b.learner, b.ids, list(reply.results), reply.queue, reply.free, rtt,
+                                       time.time())
+            self.on_reply(b.learner, reply.policy, reply.run_record)
+        self.rtts = dict(self.outbox.rtt)
+
+    def ask_acks(self, learner: str, ids: list[str]) -> dict[str, str]:
+        """The states ``learner`` reports for ``ids`` (an ``acks`` request, waited for). Raises on a failed or
+        malformed reply."""
+        return self.acks_reply(learner, self.node.call(learner, "acks", AcksRequest(tuple(ids))))
+
+    def acks_reply(self, learner: str, reply: AcksReply) -> dict[str, str]:
+        """The states of an ``acks`` reply; its queue length, the room it has for our groups and its newest
+        policy record are noted."""
+        self.outbox.heard(learner, reply.queue, reply.free)
+        self.on_reply(learner, reply.policy, reply.run_record)
+        return dict(reply.states)
+
+    def settle(self) -> None:
+        """Ask each learner about the groups it holds for us (without waiting: ``collect`` handles the
+        replies); groups whose learner is gone are sent again."""
+        asking = {a.learner for a in self.acking}
+        for learner, ids in self.outbox.to_ask({r.peer_id for r in self.learners()}, asking).items():
+            for i in range(0, max(1, len(ids)), ACK_CHUNK):
+                chunk = ids[i : i + ACK_CHUNK]
+                reply = self.node.call_async(learner, "acks", AcksRequest(tuple(chunk)))
+                self.acking.append(Asking(learner, chunk, reply))
+        self.flush()
