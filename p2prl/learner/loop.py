@@ -63,6 +63,7 @@ from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import join_run, run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import Task, make_task
 
 log = logging.getLogger("p2prl.learner.core")
@@ -436,10 +437,11 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     peers = peerbook.known_initial_peers(cfg.net, book)
     cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # its gate: whom it hears (trust), bans (kept in out_dir across restarts) and per-peer limits, on every stream
-    node = SwarmNode(cfg.net, "learner", stop, reputation=Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"),
-                     limits=PeerLimits(cfg.trust), trust=trust)
+    reputation, limits = Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"), PeerLimits(cfg.trust)
+    node = SwarmNode(cfg.net, "learner", HivemindTransport.join(cfg.net, stop), stop, reputation=reputation,
+                     limits=limits, trust=trust)
     learner = server = None
-    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
+    keeper = peerbook.Keeper(book, node.transport)
     try:
         join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
         learner = Learner(cfg, node, resumed, task)

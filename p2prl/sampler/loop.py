@@ -58,6 +58,7 @@ from p2prl.swarm.protocol import (MAX_CONTROL_BYTES, AcksReply, BatchReply, Weig
                                   weights_handler)
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.sampler.core")
@@ -205,7 +206,7 @@ class Sampler:
 
     def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
         """Serve a fetched (verified) version to other samplers and announce it in the DHT."""
-        if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
+        if not self.node.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
             self.store.add(rec.version, rec.sha256, blob)
             self.node.announce_holder(rec)
 
@@ -415,9 +416,9 @@ class Sampler:
         return prefix[len(self.node.peer_id) + 1:] if prefix.startswith(self.node.peer_id + "/") else ""
 
     def join_authority_run(self, stop: threading.Event) -> None:
-        """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
+        """Wait for the run record signed by ``trust.authority`` (the node's trust, made for that authority: see
+        ``run_sampler``); refuse to join if its config differs from ours."""
         node = self.node
-        node.trust = Trust(self.cfg.trust.authority, self.cfg.net.run_id)
         rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
                          f"the run record of run {self.cfg.net.run_id!r} signed by authority "
                          f"{self.cfg.trust.authority[:12]}",
@@ -442,7 +443,7 @@ class Sampler:
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
         log once a minute."""
-        if not self.cfg.net.client_mode:  # other samplers fetch from us (the node's limits apply)
+        if not self.node.client_mode:  # other samplers fetch from us (the node's limits apply)
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
                             self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
@@ -550,9 +551,12 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         peers = peerbook.known_initial_peers(cfg.net, book)
         cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # other samplers fetch weights from us: per-peer limits, slow readers cut (a client-mode peer serves nobody)
-    node = SwarmNode(cfg.net, "sampler", stop, limits=None if cfg.net.client_mode else PeerLimits(cfg.trust))
+    # an authority run: whom it hears, once it found the run record (``join_authority_run``)
+    trust = Trust(cfg.trust.authority, cfg.net.run_id) if cfg.trust.authority else None
+    limits = None if cfg.net.client_mode else PeerLimits(cfg.trust)
+    node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop, limits=limits, trust=trust)
     server = None
-    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
+    keeper = peerbook.Keeper(book, node.transport)
     try:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)

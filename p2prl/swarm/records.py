@@ -100,12 +100,16 @@ class Records:
         if not self.transport.alive():
             return {}
         try:
-            found = self._wait(self.transport.get(dht_key), self.cfg.rpc_timeout_s)
+            found = self._wait(self.transport.get(dht_key, self._count_unowned), self.cfg.rpc_timeout_s)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
             return {}
         return found or {}
+
+    def _count_unowned(self, n: int) -> None:
+        self.trust.counts["untrusted/unowned_record"] += n
+        log.debug("%d DHT record(s) under a subkey that no peer owns left out", n)
 
     @property
     def ttl(self) -> float:

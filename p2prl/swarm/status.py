@@ -23,6 +23,7 @@ from p2prl.config import Config
 from p2prl.swarm.authority import Trust, records_found
 from p2prl.swarm.dht import COUNTER_BLOCK, counter_window
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 if TYPE_CHECKING:
     from p2prl.swarm.dht import PeerRecord, RunConfigRecord
@@ -177,9 +178,8 @@ def render(snap: dict):
 
 def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0) -> int:
     """Print the status once; with ``watch``, refresh it every ``watch`` seconds (``count`` times, 0 = until Ctrl-C)."""
-    cfg.net.client_mode = True
-    node = SwarmNode(cfg.net, "status")
-    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    node = SwarmNode(cfg.net, "status", HivemindTransport.join(cfg.net, client_mode=True), trust=trust)
     try:
         if watch is not None:
             return _watch(node, cfg.net.run_id, watch, count, cfg.net.heartbeat_s, cfg.train.groups_per_step)

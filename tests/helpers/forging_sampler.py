@@ -24,6 +24,7 @@ from p2prl.config import load_config
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.loop import Sampler
 from p2prl.swarm.node import Refused, SwarmNode, wait_until
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
 
 mode = sys.argv[1] if sys.argv[1] in ("inject", "greedy") else "shift"
@@ -53,7 +54,7 @@ def injected(g, policy, task):
     return g
 log = logging.getLogger("forger")
 stop = threading.Event()
-node = SwarmNode(cfg.net, "sampler", stop)
+node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop)
 try:
     sampler = Sampler(cfg, node)
     learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id

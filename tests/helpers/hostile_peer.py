@@ -19,12 +19,14 @@ from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.rollout.verify import assigned_prompt_id
 from p2prl.swarm.dht import new_record
 from p2prl.swarm.node import SwarmNode, wait_until
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 from p2prl.tasks.addition import AdditionTask
 
 maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else "cases"
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10), "sampler")
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10)
+node = SwarmNode(net, "sampler", HivemindTransport.join(net))
 stop = threading.Event()
 import logging
 

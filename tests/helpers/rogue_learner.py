@@ -30,12 +30,13 @@ from p2prl.swarm import owned
 from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, key, new_record
 from p2prl.swarm.node import read_frame, write_frame
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, OK, decode_batch, pack, unpack_map
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
 older_record = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1,
-                           identity_path=identity), "learner")
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1, identity_path=identity)
+node = SwarmNode(net, "learner", HivemindTransport.join(net))
 counts: Counter[str] = Counter()
 blob = secrets.token_bytes(4096)  # "weights": nobody who fetches them could use them, and we would know
 me = a.LearnerKey.load(identity)

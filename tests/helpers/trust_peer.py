@@ -38,14 +38,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from p2prl.config import NetConfig
 from p2prl.swarm.node import Refused, SwarmNode, read_frame, refused_reason, wait_until, write_frame
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 
 log = logging.getLogger("trust_peer")
 mode, maddr, run_id = sys.argv[1:4]
 stop = threading.Event()
 identity = sys.argv[4] if mode in ("offend", "probe") else ""
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10,
-                           identity_path=identity), "sampler", stop)
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10, identity_path=identity)
+node = SwarmNode(net, "sampler", HivemindTransport.join(net, stop), stop)
 TIMEOUT_S = 10.0  # every request of the async modes, opening included
 HOLD_S = 60.0  # a partial header waits this long at most for the learner to cut it
 PROTOCOLS = ("rollout", "rollouts", "acks", "state", "weights", "hello")  # what a learner serves

@@ -5,10 +5,12 @@ p2prl DHT node on 127.0.0.1, its process and p2pd real."""
 from p2prl.config import NetConfig
 from p2prl.swarm import owned
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 
 def test_a_store_of_the_largest_value_a_node_takes_leaves_the_dht_process_serving():
-    node = SwarmNode(NetConfig(run_id="large", loopback=True, rpc_timeout_s=10), "learner")
+    net = NetConfig(run_id="large", loopback=True, rpc_timeout_s=10)
+    node = SwarmNode(net, "learner", HivemindTransport.join(net))
     try:
         large = bytes(range(256)) * (owned.MAX_VALUE_BYTES // 256 - 1)  # just under the bound, once msgpack-framed
         for n in range(3):  # each request whole, and the ones after it too

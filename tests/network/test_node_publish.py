@@ -6,14 +6,15 @@ holds the answers back to test each case)."""
 from p2prl.config import NetConfig
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 
 
 def test_an_announcement_not_waited_for_reaches_the_dht_and_one_is_in_flight_at_most(peers):
     cfg = NetConfig(run_id="publish", loopback=True, rpc_timeout_s=10, initial_peers=[peers.bootstrap()])
-    learner = SwarmNode(cfg, "learner")
-    reader = SwarmNode(cfg, "sampler")
+    learner = SwarmNode(cfg, "learner", HivemindTransport.join(cfg))
+    reader = SwarmNode(cfg, "sampler", HivemindTransport.join(cfg))
     try:
         recs = [PolicyRecord(version=v, sha256=f"{v:064x}", size=1) for v in (1, 2)]
         learner.publish_policy(recs[0], wait=False)

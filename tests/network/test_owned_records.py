@@ -15,6 +15,7 @@ from p2prl.config import NetConfig
 from p2prl.swarm import owned
 from p2prl.swarm.dht import PolicyRecord, dht_kwargs, key, new_record, shutdown_dht
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 
@@ -24,9 +25,9 @@ YEAR = 365 * 86400.0
 def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
     maddr = peers.bootstrap()
     cfg = NetConfig(run_id="owned", loopback=True, rpc_timeout_s=10, initial_peers=[maddr])
-    learner = SwarmNode(cfg, "learner")
-    reader = SwarmNode(cfg, "sampler")
-    stranger = SwarmNode(cfg, "sampler")
+    learner = SwarmNode(cfg, "learner", HivemindTransport.join(cfg))
+    reader = SwarmNode(cfg, "sampler", HivemindTransport.join(cfg))
+    stranger = SwarmNode(cfg, "sampler", HivemindTransport.join(cfg))
     rogue = None
     try:
         v1 = PolicyRecord(version=1, sha256="11" * 32, size=1)

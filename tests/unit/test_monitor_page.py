@@ -88,6 +88,7 @@ def test_status_reads_the_runs_authority_record_itself(run_record, monkeypatch, 
 
     # `p2prl status` without --authority says so, in its table and in its JSON
     monkeypatch.setattr(status, "SwarmNode", lambda *a_, **k: Node("test", {full_id(1): rec.encode()}))
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     monkeypatch.setenv("COLUMNS", "200")
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg) == 0

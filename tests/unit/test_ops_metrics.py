@@ -147,6 +147,7 @@ def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):
             "c": RunAnnouncement(run_id="tset", role="sampler", updated=1.0)}
     _, node = status_node(runs)
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     monkeypatch.setenv("COLUMNS", "200")  # rich's width when not a terminal
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
@@ -163,6 +164,7 @@ def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):
 def test_status_watch_refreshes_count_times(monkeypatch, capsys):
     calls, node = status_node({})
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, watch=0.01, count=3) == 0
     out = capsys.readouterr().out  # not a terminal: one table per refresh

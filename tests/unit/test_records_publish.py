@@ -41,8 +41,8 @@ def policy(v: int) -> PolicyRecord:
 def test_a_version_announced_while_the_last_is_in_flight_is_left_to_the_next_call_and_the_newest_lands():
     swarm = MemorySwarm()
     cfg = load_config(None, ["net.run_id=pub", "net.rpc_timeout_s=5"]).net
-    learner = SwarmNode(cfg, "learner", transport=swarm.transport())
-    reader = SwarmNode(cfg, "sampler", transport=swarm.transport())
+    learner = SwarmNode(cfg, "learner", swarm.transport())
+    reader = SwarmNode(cfg, "sampler", swarm.transport())
     held = HeldStores(learner.transport)
     try:
         learner.publish_policy(policy(1), wait=False)

@@ -127,6 +127,7 @@ def test_status_shows_each_learners_bans(monkeypatch, capsys):
                            refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
                            run_configs=lambda: {})
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
     rows = {r["role"]: r for r in json.loads(capsys.readouterr().out)["peers"]}

@@ -110,6 +110,7 @@ def test_a_bad_model_path_fails_before_a_node_starts(monkeypatch, tmp_path, role
     started = []
     loop = sampler_loop if role == "sampler" else learner_loop
     monkeypatch.setattr(loop, "SwarmNode", lambda *a, **k: started.append(FakeNode()))
+    monkeypatch.setattr(loop.HivemindTransport, "join", lambda *a, **k: started.append("transport"))
     cfg = load_config(None, [f"model.path={tmp_path / 'no-model'}", f"train.out_dir={tmp_path / 'out'}"])
     with pytest.raises(PolicyLoadError):
         if role == "sampler":

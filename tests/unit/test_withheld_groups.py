@@ -237,6 +237,7 @@ def test_status_shows_a_sampler_that_withholds_groups(monkeypatch, capsys):
                            refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
                            run_configs=lambda: {})
     monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     monkeypatch.setenv("COLUMNS", "200")
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
