@@ -115,7 +115,7 @@ def serve(info_path: str, peer: str | None) -> None:
         os.replace(tmp, info_path)
         while True:  # announce every version as a sampler holding it does, within the records' TTL
             for m in models:
-                node.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
+                node.records.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             if stop.wait(node.cfg.heartbeat_s):
                 break
     finally:
@@ -202,7 +202,7 @@ def main() -> None:
             return node.run(raw_read(m["version"]), timeout=600)
 
         wait = time.time() + 60
-        while len(node.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 2:
+        while len(node.records.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 2:
             if time.time() > wait:
                 raise RuntimeError("the holders' announcements did not reach the fetcher's DHT")
             time.sleep(0.5)
@@ -232,7 +232,7 @@ def main() -> None:
             sha_s = (time.perf_counter() - t0) * m["size"] / (len(chunk) * reps)
             del chunk
             t0 = time.perf_counter()
-            node.holders(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
+            node.records.holders(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             lookup_s = time.perf_counter() - t0
             ratio = {k: statistics.median(times["raw stream"][i] / times[k][i] for i in range(args.rounds)) for k in methods}
             ok = ratio[ONE] >= 0.9

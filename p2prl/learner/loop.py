@@ -115,7 +115,8 @@ class Learner:
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        self.newest = Prefetch(node.latest_policy, "newest-version")  # read by poll_ahead, a poll after it was sent
+        # read by poll_ahead, a poll after it was sent
+        self.newest = Prefetch(node.records.latest_policy, "newest-version")
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
@@ -143,7 +144,7 @@ class Learner:
                 if batch is None:
                     continue
                 r = self.rounds.step(batch, len(self.membership.others), self.latest.sha256,
-                                     lambda: self.catch_up(self.node.latest_policy()), stop)
+                                     lambda: self.catch_up(self.node.records.latest_policy()), stop)
                 if r is not None:
                     self.after_step(r, batch)
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
@@ -156,7 +157,7 @@ class Learner:
     def start(self, progress: bool) -> None:
         """Serve, publish the version we start from, evaluate it, start heartbeats."""
         cfg, t = self.cfg, self.cfg.train
-        others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
+        others = {p: r for p, r in self.node.records.run_configs().items() if p != self.node.peer_id}
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
         self.intake.serve(self.node)
         self.node.serve("weights", weights_handler(self.store, self.min_upload_bps, cfg.net.rpc_timeout_s,
@@ -197,7 +198,7 @@ class Learner:
             self.version_since, self.rounds.missed = time.time(), 0
             return True
         with self.lock:  # nobody ranks above us
-            self.ledger.settle(self.core.version, before=time.time() - 2 * self.node.ttl)
+            self.ledger.settle(self.core.version, before=time.time() - 2 * self.node.records.ttl)
         return False
 
     def held(self, stop: threading.Event) -> bool:
@@ -288,7 +289,7 @@ class Learner:
             other_learners=len(self.membership.others), max_staleness=self.cfg.staleness.max_staleness,
             counts=counts, lags=lags, bytes_in=bytes_in, weights_bytes_served=self.store.bytes_served,
             weights_uploads=self.store.uploads, weights_bad_requests=self.store.bad_requests,
-            dht_errors=self.node.dht_errors, rounds_saturated=self.rounds.saturated,
+            dht_errors=self.node.records.dht_errors, rounds_saturated=self.rounds.saturated,
             membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
             authority=dict(self.node.trust.counts))
@@ -334,7 +335,7 @@ class Learner:
         with self.lock:
             self.ledger.publish(v, sha)
         self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
-        self.node.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
+        self.node.records.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
         return sha
 
     def checkpoint(self) -> None:
@@ -446,7 +447,7 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
         learner = Learner(cfg, node, resumed, task)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
-        node.metrics_addr = prom.announced_address(cfg.net, server)
+        node.records.metrics_addr = prom.announced_address(cfg.net, server)
         return learner.run(stop, progress)
     finally:
         prom.stop_metrics(server)

@@ -165,7 +165,8 @@ class Sampler:
         publisher only serves the first fetches of a version, and takes over a range another holder
         leaves, so that ranges never add to the learner's upload. ``direct``: from the publisher alone,
         without looking the holders up."""
-        others = [] if direct else [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
+        others = [] if direct else [h for h in self.node.records.holders(rec)
+                                    if h not in (publisher, self.node.peer_id)]
         random.shuffle(others)
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
@@ -192,7 +193,7 @@ class Sampler:
         sync delay lets us load it, fetched and verified; else None. ``hint``: a learner's record from its
         reply, taken instead of the DHT's newest (one look-up less); a learner ``FAR_RTT_S`` or more away
         serves it itself (the holders look-up would cost more round trips)."""
-        latest = hint or self.node.latest_policy()
+        latest = hint or self.node.records.latest_policy()
         if latest is None:
             return None
         publisher, rec = latest
@@ -208,7 +209,7 @@ class Sampler:
         """Serve a fetched (verified) version to other samplers and announce it in the DHT."""
         if not self.node.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
             self.store.add(rec.version, rec.sha256, blob)
-            self.node.announce_holder(rec)
+            self.node.records.announce_holder(rec)
 
     def load(self, publisher: str, rec: PolicyRecord, blob: bytearray) -> None:
         """Load fetched weights into the generator; the next version we take is drawn from the sync delay."""
@@ -394,19 +395,19 @@ class Sampler:
     def run_started(self) -> bool:
         """Whether a learner of the run is announced and a policy and the run's config are published. The
         learners found are kept: the loop sends its first groups to them at once, not a heartbeat later."""
-        learners = self.node.peers("learner")
+        learners = self.node.records.peers("learner")
         if learners:
             self.learners = learners
-        return bool(learners and self.node.latest_policy() and self.node.run_configs())
+        return bool(learners and self.node.records.latest_policy() and self.node.records.run_configs())
 
     def heartbeat(self) -> None:
-        self.node.refresh_trust()
-        self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
+        self.node.records.refresh_trust()
+        self.node.records.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
                                       queue_depth=self.view.groups, session=self.session(), unread=self.view.unread))
-        errors = self.node.dht_errors
-        learners = self.node.peers("learner")
-        if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
+        errors = self.node.records.dht_errors
+        learners = self.node.records.peers("learner")
+        if learners or self.node.records.dht_errors == errors:  # a failed look-up is not every learner gone
             self.learners = learners
         self.saw(max((r.policy_version for r in learners), default=0))
 
@@ -419,7 +420,7 @@ class Sampler:
         """Wait for the run record signed by ``trust.authority`` (the node's trust, made for that authority: see
         ``run_sampler``); refuse to join if its config differs from ours."""
         node = self.node
-        rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
+        rec = wait_until(lambda: node.records.refresh_trust() or node.trust.record,
                          f"the run record of run {self.cfg.net.run_id!r} signed by authority "
                          f"{self.cfg.trust.authority[:12]}",
                          log, stop)
@@ -461,7 +462,8 @@ class Sampler:
 
         wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
                    cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
-        check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
+        check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler",
+                         self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
@@ -536,7 +538,7 @@ class Sampler:
             prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", self.store.bytes_served),
             prom.labelled("trust_events", "Records refused for the run authority", ["event"],
                           {(k,): n for k, n in self.node.trust.counts.items()}),
-            prom.counter("dht_errors", "Failed DHT requests", self.node.dht_errors),
+            prom.counter("dht_errors", "Failed DHT requests", self.node.records.dht_errors),
         ]
 
 
@@ -560,12 +562,12 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     try:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, sampler.prometheus)
-        node.metrics_addr = prom.announced_address(cfg.net, server)
+        node.records.metrics_addr = prom.announced_address(cfg.net, server)
         sampler.run(stop, progress=progress and sys.stderr.isatty())
     finally:
         prom.stop_metrics(server)
         keeper.close()
         node.shutdown()
     return {"groups_made": sampler.core.groups_made, "unsettled": len(sampler.outbox), **sampler.outbox.whereabouts(),
-            "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts,
+            "dht_errors": node.records.dht_errors, **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

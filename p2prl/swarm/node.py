@@ -173,7 +173,7 @@ async def read_frame(reader: asyncio.StreamReader, max_len: int) -> bytes:
     return await reader.readexactly(n)
 
 
-class SwarmNode(Records):
+class SwarmNode:
     def __init__(self, cfg: NetConfig, role: str, transport: Transport, stop: threading.Event | None = None,
                  reputation: Reputation | None = None, limits: PeerLimits | None = None, trust: Trust | None = None):
         """``transport``: the network (``HivemindTransport.join(cfg)``, or a ``MemorySwarm``'s), this node's from
@@ -185,7 +185,6 @@ class SwarmNode(Records):
         node's)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
-        self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
         self.reach: reach.Decision | None = None  # the dial-back check's outcome, when one ran
         # the run's scope (reach.py): which of this peer's addresses others can use
         self.scope = "local" if cfg.loopback else reach.run_scope(transport.initial_peers)
@@ -196,7 +195,7 @@ class SwarmNode(Records):
             raise TrustError(f"net.identity_path {cfg.identity_path!r} is not this node's identity")
         self.trust = trust or Trust("", cfg.run_id)  # open unless given
         self.limits, self.reputation = limits, reputation
-        self._init_records()
+        self.records = Records(cfg, transport, self.trust, self._wait)  # the run's records in the DHT
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
@@ -226,7 +225,7 @@ class SwarmNode(Records):
         if checkers is None:
             checkers = [reach.maddr_peer(m) for m in self.transport.initial_peers if reach.in_scope(m, self.scope)]
             try:
-                checkers += [r.peer_id for r in self.peers("learner")]
+                checkers += [r.peer_id for r in self.records.peers("learner")]
             except Exception as e:  # a failed look-up leaves the initial peers
                 log.debug("reachability: no learners to ask: %s", e)
         checkers = [c for c in dict.fromkeys(checkers) if c and c != self.peer_id]
@@ -417,10 +416,7 @@ class SwarmNode(Records):
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
-        if not self.stop.is_set():  # a run that ended: the last version it announced reaches the DHT
-            self.flush_policy()
-        with self._publish_lock:
-            self._publishing, self._unannounced = [], None
+        self.records.close(flush=not self.stop.is_set())  # a run that ended: its last version reaches the DHT
 
         async def close():
             # streams cut by the daemon going away are expected now: keep them out of the user's terminal

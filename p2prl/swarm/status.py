@@ -40,7 +40,7 @@ def trust_view(node: SwarmNode, run_id: str) -> dict:
         return {"mode": "authority", "verified": True, "authority": t.authority,
                 "learners": len(rec.learners) if rec else None, "expires": rec.expires if rec else None,
                 "records": int(rec is not None)}
-    found = records_found(node.run_records(run_id), run_id)  # what learners republish
+    found = records_found(node.records.run_records(run_id), run_id)  # what learners republish
     if not found:
         return {"mode": "open", "verified": False, "authority": None, "learners": None, "expires": None, "records": 0}
     return {"mode": "authority", "verified": False, "authority": None, "learners": len(found[0].learners),
@@ -110,13 +110,13 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
     """The run's live peers (rows), its latest version, its trust (``trust_view``) and the other runs' peers by role,
     from the DHT; a sampler's row has ``withheld`` (``withheld_groups``, with ``heartbeat_s`` the peers' heartbeat
     period and ``batch`` the groups a sampler sends at once unless the run's config says; None: unknown)."""
-    node.refresh_trust()
-    peers = node.peers()
-    latest = node.latest_policy()
-    runs = node.runs()
+    node.records.refresh_trust()
+    peers = node.records.peers()
+    latest = node.records.latest_policy()
+    runs = node.records.runs()
     version = latest[1].version if latest else None
     now = time.time()
-    gaps = withheld_groups(peers, heartbeat_s, run_batch(node.run_configs(), batch))
+    gaps = withheld_groups(peers, heartbeat_s, run_batch(node.records.run_configs(), batch))
     rows = [
         {
             "role": p.role, "peer_id": p.peer_id, "policy_version": p.policy_version,

@@ -1,14 +1,14 @@
 """What ``SwarmNode`` needs from a network, as one small interface, and its two implementations.
 
-What roles use of a node is typed here too: ``Directory`` (the run's records), ``Delivery`` (framed request and
-reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is all three.
+What roles use of a node is typed here too: ``Directory`` (the run's records: ``node.records``), ``Delivery`` (framed
+request and reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is the last two.
 
 A ``Transport`` has two halves: records (a DHT: under a key, one value per peer, each with an expiration; a
 peer writes only its own) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
-(``node.py``) builds everything else on them: the typed records and their checks, frames, the ban
-and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's DHT and a replica of its
-libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory, so that unit
-tests can drive real learners and samplers without a daemon (the network tests use real peers).
+(``node.py``) builds everything else on them: the typed records and their checks (its ``records``,
+``records.py``), frames, the ban and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's
+DHT and a replica of its libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory,
+so that unit tests can drive real learners and samplers without a daemon (the network tests use real peers).
 
 Streams: ``add_handler`` and ``open_stream`` are coroutines for the node's event loop; a handler gets
 the caller's peer id and an ``asyncio`` reader and writer.
@@ -49,11 +49,10 @@ log = logging.getLogger("p2prl.transport")
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
 
 
-# ---- what roles use of a node (``SwarmNode`` is all three) -------------------------------------------
+# ---- what roles use of a node (``SwarmNode``, its ``records``) ---------------------------------------
 class Directory(Protocol):
-    """The run's records in the DHT, typed and checked (``records.py``)."""
+    """The run's records in the DHT, typed and checked (``node.records``: ``records.py``)."""
 
-    peer_id: str
     dht_errors: int
 
     def announce(self, record) -> bool: ...

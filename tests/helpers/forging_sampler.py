@@ -57,7 +57,7 @@ stop = threading.Event()
 node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop)
 try:
     sampler = Sampler(cfg, node)
-    learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
+    learner = wait_until(lambda: node.records.peers("learner"), "a learner", log, stop)[0].peer_id
     wait_until(lambda: (sampler.maybe_sync(), sampler.core.weights_sha256)[1], "a policy version", log, stop)
     if mode == "greedy":
         top_k, sampler.core.cfg.sampling.top_k = sampler.core.cfg.sampling.top_k, 1

@@ -32,8 +32,8 @@ import logging
 
 log = logging.getLogger("hostile")
 try:
-    learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
-    _, rec = wait_until(lambda: (p := node.latest_policy()) and p[1].version >= min_version and p, "a newer version", log, stop)
+    learner = wait_until(lambda: node.records.peers("learner"), "a learner", log, stop)[0].peer_id
+    _, rec = wait_until(lambda: (p := node.records.latest_policy()) and p[1].version >= min_version and p, "a newer version", log, stop)
     tok = load_policy("builtin").tokenizer
     task = AdditionTask()
     n = 0
@@ -90,7 +90,7 @@ try:
         print(json.dumps(replies), flush=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # a live sampler of session "h", reporting no group unsent
-            node.announce(new_record("sampler", run_id, node.peer_id, policy_version=rec.version, throughput=0.0,
+            node.records.announce(new_record("sampler", run_id, node.peer_id, policy_version=rec.version, throughput=0.0,
                                      queue_depth=0, session="h", unread=0))
             time.sleep(1)
         sys.exit(0)

@@ -76,7 +76,7 @@ node.serve("acks", on_acks)
 node.serve("weights", on_weights)
 try:
     while True:
-        counts["announced"] += node.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
+        counts["announced"] += node.records.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
                                                         throughput=1000.0, queue_depth=0))
         counts["policy_stored"] += node._store(key(run_id, "policy"), forged.encode(), 3)
         counts["run_record_stored"] += node._store(key(run_id, "authority"), run_record,
@@ -88,7 +88,7 @@ try:
                     stored = node.transport.dht.store(key(run_id, "authority"), run_record, get_dht_time() + 365 * 86400,
                                                       subkey=sub)
                     counts["pin_stored" if stored else "pin_refused"] += 1
-        for learner in [r.peer_id for r in node.peers("learner") if r.peer_id != node.peer_id]:
+        for learner in [r.peer_id for r in node.records.peers("learner") if r.peer_id != node.peer_id]:
             for proto in ("state", "hello"):
                 try:
                     node.request(learner, proto, pack({}), 1 << 30, timeout_s=5)

@@ -17,6 +17,6 @@ def test_a_store_of_the_largest_value_a_node_takes_leaves_the_dht_process_servin
             value = large[: len(large) - n]
             assert node.transport.store("p2prl/large/record", value, 60).result(timeout=30)
             assert node.transport.get("p2prl/large/record").result(timeout=30) == {node.peer_id: value}
-        assert node.transport.alive() and node.dht_errors == 0
+        assert node.transport.alive() and node.records.dht_errors == 0
     finally:
         node.shutdown()

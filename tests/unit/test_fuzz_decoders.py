@@ -215,6 +215,10 @@ class ReplyNode:
     def __init__(self, reply: bytes):
         self.reply = reply
 
+    @property
+    def records(self):  # its records, faked in the same object
+        return self
+
     def request(self, *a, **k):
         return self.reply
 

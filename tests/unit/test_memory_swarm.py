@@ -26,8 +26,8 @@ def test_memory_nodes_share_records_and_streams_through_the_gate():
     b = SwarmNode(cfg, "sampler", swarm.transport())
     try:
         rec = PolicyRecord(version=3, sha256="ab" * 32, size=10)
-        a.publish_policy(rec)
-        assert b.latest_policy() == (a.peer_id, rec) and b.holders(rec) == [a.peer_id]
+        a.records.publish_policy(rec)
+        assert b.records.latest_policy() == (a.peer_id, rec) and b.records.holders(rec) == [a.peer_id]
 
         async def echo(peer, reader, writer):
             from p2prl.swarm.node import read_frame, write_frame
@@ -93,10 +93,11 @@ def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
 def test_the_node_offers_every_role_facing_protocol_with_its_signature():
     import inspect
 
+    from p2prl.swarm.records import Records
     from p2prl.swarm.transport import Delivery, Directory, WeightSource
 
-    for proto in (Directory, Delivery, WeightSource):
+    for proto, cls in ((Directory, Records), (Delivery, SwarmNode), (WeightSource, SwarmNode)):
         for name, member in vars(proto).items():
             if callable(member) and not name.startswith("_"):
-                got = inspect.signature(getattr(SwarmNode, name)).parameters
+                got = inspect.signature(getattr(cls, name)).parameters
                 assert list(got) == list(inspect.signature(member).parameters), f"{proto.__name__}.{name}"
