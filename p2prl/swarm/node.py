@@ -1,9 +1,10 @@
 """``SwarmNode``: one peer's DHT records (``records.py``) and libp2p streams, behind a small blocking API.
 
 The network itself is a ``Transport`` (``transport.py``: hivemind's DHT, which runs in its own
-process, and a replica of its P2P client; or peers in memory, for unit tests); this class runs
-it on an asyncio loop in a background thread, so role loops stay plain blocking code. It keeps
-the typed records (``dht.py``) and their checks, the ban and limit gate on served streams and
+process, and a replica of its P2P client; or peers in memory, for unit tests), built before the
+node and handed to it; this class runs it on an asyncio loop in a background thread, so role loops
+stay plain blocking code. It keeps the typed records (``records``: ``dht.py``'s models) and
+their checks, the ban and limit gate on served streams and
 every timeout: every network call has one. Messages on a stream are frames: an 8-byte big-endian
 length, then the payload written in 64 KiB chunks; a frame longer than the reader's
 bound is refused before it is read.
