@@ -44,8 +44,6 @@ if TYPE_CHECKING:
 
     from p2prl.config import NetConfig
 
-log = logging.getLogger("p2prl.transport")
-
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
 
 
@@ -531,7 +529,7 @@ class MemoryAllReduce:
                     if not group.members and self.swarm.groups.get(key) is group:
                         del self.swarm.groups[key]
                     raise TimeoutError(f"no group within {timeout:.1f} s")
-                self.swarm.rounds.wait(min(deadline, group.until if now < group.until else deadline) - now)
+                self.swarm.rounds.wait((min(group.until, deadline) if now < group.until else deadline) - now)
             if self.swarm.groups.get(key) is group:
                 del self.swarm.groups[key]
         with self.lock:
