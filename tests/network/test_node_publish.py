@@ -18,16 +18,16 @@ def test_an_announcement_not_waited_for_reaches_the_dht_and_one_is_in_flight_at_
     try:
         recs = [PolicyRecord(version=v, sha256=f"{v:064x}", size=1) for v in (1, 2)]
         learner.records.publish_policy(recs[0], wait=False)
-        first = [fut for _, fut in learner._publishing]
-        assert [k.split("/", 2)[2] for k, _ in learner._publishing] == ["policy", "holders/1"]
+        first = [fut for _, fut in learner.records._publishing]
+        assert [k.split("/", 2)[2] for k, _ in learner.records._publishing] == ["policy", "holders/1"]
         learner.records.publish_policy(recs[1], wait=False)
         if learner.records._unannounced is None:  # v1's stores were answered already: v2's went out
             assert all(fut.done() for fut in first)
-            assert [k.split("/", 2)[2] for k, _ in learner._publishing] == ["policy", "holders/2"]
+            assert [k.split("/", 2)[2] for k, _ in learner.records._publishing] == ["policy", "holders/2"]
         else:  # v1's in flight: v2 waits for a later call, and nothing more was sent
-            assert learner.records._unannounced == recs[1] and [fut for _, fut in learner._publishing] == first
+            assert learner.records._unannounced == recs[1] and [fut for _, fut in learner.records._publishing] == first
         learner.records.flush_policy()
-        assert learner._publishing == [] and learner.records._unannounced is None
+        assert learner.records._publishing == [] and learner.records._unannounced is None
         wait_for(lambda: (got := reader.records.latest_policy()) is not None and got[1] == recs[1], 30, "version 2 in the DHT")
         assert reader.records.latest_policy() == (learner.peer_id, recs[1])
         assert reader.records.holders(recs[0]) == reader.records.holders(recs[1]) == [learner.peer_id]
@@ -35,4 +35,4 @@ def test_an_announcement_not_waited_for_reaches_the_dht_and_one_is_in_flight_at_
     finally:
         reader.shutdown()
         learner.shutdown()
-    assert learner._publishing == []
+    assert learner.records._publishing == []
