@@ -78,9 +78,9 @@ try:
     while True:
         counts["announced"] += node.records.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
                                                         throughput=1000.0, queue_depth=0))
-        counts["policy_stored"] += node._store(key(run_id, "policy"), forged.encode(), 3)
-        counts["run_record_stored"] += node._store(key(run_id, "authority"), run_record,
-                                                   owned.MAX_TTL_S - 60 if older_record else 3)
+        counts["policy_stored"] += node.records._store(key(run_id, "policy"), forged.encode(), 3)
+        counts["run_record_stored"] += node.records._store(key(run_id, "authority"), run_record,
+                                                           owned.MAX_TTL_S - 60 if older_record else 3)
         if older_record:
             found = node.transport.dht.get(key(run_id, "authority"), latest=True)
             for sub in (found.value if found is not None else {}):
