@@ -135,10 +135,10 @@ class Peer:
             next_chunk_timeout=max(1.0, timeout_s / 4), start=True,
         )
         self.find_timeout = self.rounds.find_timeout_s
-        for av in (self.rounds.averager, self.plain):
+        for av in (self.rounds.allreduce.averager, self.plain):
             av.step = self._timed(av.step)  # instance attribute: GradientRounds.average calls it too
-        self.rounds.averager.set_round = self._clocked("set_round", self.rounds.averager.set_round)
-        self.rounds.averager.get_tensors = self._clocked_cm("tensors", self.rounds.averager.get_tensors)
+        self.rounds.allreduce.averager.set_round = self._clocked("set_round", self.rounds.allreduce.averager.set_round)
+        self.rounds.allreduce.averager.get_tensors = self._clocked_cm("tensors", self.rounds.allreduce.averager.get_tensors)
         if not getattr(averaging.encode, "clocked", False):  # GradientRounds.average looks them up at each call
             averaging.encode, averaging.decode = self._clocked("encode", averaging.encode), self._clocked("decode", averaging.decode)
         self.grad = None
@@ -239,8 +239,10 @@ def start_node(peers: list[str]):
     """A learner's node on 127.0.0.1 (its DHT, and the loop its gradient rounds' streams run on)."""
     from p2prl.config import NetConfig
     from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.transport import HivemindTransport
 
-    return SwarmNode(NetConfig(run_id="bench", initial_peers=peers, loopback=True, bootstrap_timeout_s=60), "learner")
+    net = NetConfig(run_id="bench", initial_peers=peers, loopback=True, bootstrap_timeout_s=60)
+    return SwarmNode(net, "learner", HivemindTransport.join(net))
 
 
 def serve_peer(cmd_fd: int, reply_fd: int, maddr: str, log_path: str, wait_s: float, timeout_s: float) -> None:

@@ -70,11 +70,12 @@ def serve(info_path: str) -> None:
     from p2prl.config import FlowConfig
     from p2prl.rollout.record import Limits, decode_group
     from p2prl.swarm.node import SwarmNode, read_frame, write_frame
+    from p2prl.swarm.transport import HivemindTransport
     from p2prl.swarm.protocol import batch_frame_limit, decode_batch, pack
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    node = SwarmNode(swarm_cfg(), "learner")
+    node = SwarmNode(net := swarm_cfg(), "learner", HivemindTransport.join(net))
     flow = FlowConfig()
     limits = Limits(max_bytes=int(flow.max_record_mb * 2**20))
     counts = {"decoded": 0}
@@ -169,12 +170,13 @@ def receiver():
     """(this process's sampler node, the receiver's peer id): a receiver child (``serve``) and a node joined
     to it; both stopped, and their files removed, on the way out."""
     from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.transport import HivemindTransport
 
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
     proc = node = None
     try:
         proc, info = start_child(__file__, tmp / "receiver.json")
-        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
+        node = SwarmNode(net := swarm_cfg(info["maddrs"][:1]), "sampler", HivemindTransport.join(net))
         yield node, info["peer_id"]
     finally:
         if node is not None:

@@ -77,11 +77,12 @@ def serve(info_path: str, peer: str | None) -> None:
     from p2prl.policy.weights import serialize_weights
     from p2prl.swarm.dht import PolicyRecord
     from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.transport import HivemindTransport
     from p2prl.swarm.protocol import WeightStore, weights_handler
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    node = SwarmNode(swarm_cfg([peer] if peer else []), "learner")
+    node = SwarmNode(net := swarm_cfg([peer] if peer else []), "learner", HivemindTransport.join(net))
     store = WeightStore(keep=len(MODELS), max_uploads_per_version=FlowConfig().max_uploads_per_version)
     blobs: dict[int, bytes] = {}
     models = []
@@ -114,7 +115,7 @@ def serve(info_path: str, peer: str | None) -> None:
         os.replace(tmp, info_path)
         while True:  # announce every version as a sampler holding it does, within the records' TTL
             for m in models:
-                node.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
+                node.records.announce_holder(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             if stop.wait(node.cfg.heartbeat_s):
                 break
     finally:
@@ -143,6 +144,7 @@ def main() -> None:
     from p2prl.swarm.dht import PolicyRecord
     from p2prl.swarm.fetch import MIN_SPLIT
     from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.transport import HivemindTransport
 
     logging.basicConfig(level=logging.WARNING)
     fetch_log: list[str] = []  # Sampler.fetch and p2prl.swarm.fetch report a failed attempt at INFO
@@ -162,7 +164,7 @@ def main() -> None:
         procs.append(proc)
         proc, info_b = start_child(__file__, tmp / "holder_b.json", "--peer", info["maddrs"][0])
         procs.append(proc)
-        node = SwarmNode(swarm_cfg(info["maddrs"][:1]), "sampler")
+        node = SwarmNode(net := swarm_cfg(info["maddrs"][:1]), "sampler", HivemindTransport.join(net))
         holder, pid = info["peer_id"], PeerID.from_base58(info_b["peer_id"])  # raw: from B, as p2prl's one-holder fetch
         failures = Counter()
         ONE, TWO = "p2prl fetch, one holder", "p2prl fetch, two holders (ranges)"
@@ -200,7 +202,7 @@ def main() -> None:
             return node.run(raw_read(m["version"]), timeout=600)
 
         wait = time.time() + 60
-        while len(node.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 2:
+        while len(node.records.holders(PolicyRecord(version=1, sha256=info["models"][0]["sha256"], size=info["models"][0]["size"]))) < 2:
             if time.time() > wait:
                 raise RuntimeError("the holders' announcements did not reach the fetcher's DHT")
             time.sleep(0.5)
@@ -230,7 +232,7 @@ def main() -> None:
             sha_s = (time.perf_counter() - t0) * m["size"] / (len(chunk) * reps)
             del chunk
             t0 = time.perf_counter()
-            node.holders(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
+            node.records.holders(PolicyRecord(version=m["version"], sha256=m["sha256"], size=m["size"]))
             lookup_s = time.perf_counter() - t0
             ratio = {k: statistics.median(times["raw stream"][i] / times[k][i] for i in range(args.rounds)) for k in methods}
             ok = ratio[ONE] >= 0.9

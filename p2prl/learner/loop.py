@@ -63,6 +63,7 @@ from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.runconfig import join_run, run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import Task, make_task
 
 log = logging.getLogger("p2prl.learner.core")
@@ -115,7 +116,8 @@ class Learner:
         self.best, self.complete_before = 0.0, False
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        self.newest = Prefetch(node.latest_policy, "newest-version")  # read by poll_ahead, a poll after it was sent
+        # read by poll_ahead, a poll after it was sent
+        self.newest = Prefetch(node.records.latest_policy, "newest-version")
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
@@ -147,7 +149,7 @@ class Learner:
                 if batch is None:
                     continue
                 step = self.rounds.step(batch, len(self.membership.others), self.latest.sha256,
-                                        lambda: self.catch_up(self.node.latest_policy()), stop)
+                                        lambda: self.catch_up(self.node.records.latest_policy()), stop)
                 if step is not None:
                     self.apply(step)
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
@@ -160,7 +162,7 @@ class Learner:
     def start(self, progress: bool) -> None:
         """Serve, publish the version we start from, evaluate it, start heartbeats."""
         cfg, t = self.cfg, self.cfg.train
-        others = {p: r for p, r in self.node.run_configs().items() if p != self.node.peer_id}
+        others = {p: r for p, r in self.node.records.run_configs().items() if p != self.node.peer_id}
         check_run_config(others, self.run_config, "learner", cfg.net.run_id)  # refused before it serves anything
         self.intake.serve(self.node)
         self.node.serve("weights", weights_handler(self.store, self.min_upload_bps, cfg.net.rpc_timeout_s,
@@ -200,7 +202,7 @@ class Learner:
             self.bar.update(self.core.version - self.bar.n)
             self.version_since, self.rounds.missed = time.time(), 0
             return True
-        self.state.settle(self.core.version, before=time.time() - 2 * self.node.ttl)  # nobody ranks above us
+        self.state.settle(self.core.version, before=time.time() - 2 * self.node.records.ttl)  # nobody ranks above us
         return False
 
     def take_batch(self) -> list[RolloutGroup] | None:
@@ -270,7 +272,7 @@ class Learner:
             reward=self.reward, throughput=self.throughput, other_learners=len(self.membership.others),
             max_staleness=self.cfg.staleness.max_staleness, **self.state.report(),
             weights_bytes_served=self.store.bytes_served, weights_uploads=self.store.uploads,
-            weights_bad_requests=self.store.bad_requests, dht_errors=self.node.dht_errors,
+            weights_bad_requests=self.store.bad_requests, dht_errors=self.node.records.dht_errors,
             rounds_saturated=self.rounds.saturated, membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
             authority=dict(self.node.trust.counts))
@@ -314,7 +316,7 @@ class Learner:
         self.spot.keep(v, sha, blob)  # the same bytes: kept once in memory
         self.state.publish(v, sha)
         self.latest = self.node.trust.sign(PolicyRecord(version=v, sha256=sha, size=len(blob), weight=weight))
-        self.node.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
+        self.node.records.publish_policy(self.latest, wait=False)  # the next step overlaps the DHT's answers
         return sha
 
     def checkpoint(self) -> None:
@@ -414,15 +416,16 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     peers = peerbook.known_initial_peers(cfg.net, book)
     cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # its gate: whom it hears (trust), bans (kept in out_dir across restarts) and per-peer limits, on every stream
-    node = SwarmNode(cfg.net, "learner", stop, reputation=Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"),
-                     limits=PeerLimits(cfg.trust), trust=trust)
+    reputation, limits = Reputation(cfg.trust, Path(cfg.train.out_dir) / "bans.json"), PeerLimits(cfg.trust)
+    node = SwarmNode(cfg.net, "learner", HivemindTransport.join(cfg.net, stop), stop, reputation=reputation,
+                     limits=limits, trust=trust)
     learner = server = None
-    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
+    keeper = peerbook.Keeper(book, node.transport)
     try:
         join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
         learner = Learner(cfg, node, resumed, task)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
-        node.metrics_addr = prom.announced_address(cfg.net, server)
+        node.records.metrics_addr = prom.announced_address(cfg.net, server)
         return learner.run(stop, progress)
     finally:
         prom.stop_metrics(server)

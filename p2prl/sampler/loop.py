@@ -55,6 +55,7 @@ from p2prl.swarm.node import SwarmNode, wait_until
 from p2prl.swarm.protocol import WeightStore, weights_handler
 from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
 from p2prl.swarm.runconfig import check as check_run_config
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import make_task
 
 log = logging.getLogger("p2prl.sampler.core")
@@ -132,7 +133,8 @@ class Sampler:
         publisher only serves the first fetches of a version, and takes over a range another holder
         leaves, so that ranges never add to the learner's upload. ``direct``: from the publisher alone,
         without looking the holders up."""
-        others = [] if direct else [h for h in self.node.holders(rec) if h not in (publisher, self.node.peer_id)]
+        others = [] if direct else [h for h in self.node.records.holders(rec)
+                                    if h not in (publisher, self.node.peer_id)]
         random.shuffle(others)
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
@@ -159,7 +161,7 @@ class Sampler:
         sync delay lets us load it, fetched and verified; else None. ``hint``: a learner's record from its
         reply, taken instead of the DHT's newest (one look-up less); a learner ``FAR_RTT_S`` or more away
         serves it itself (the holders look-up would cost more round trips)."""
-        latest = hint or self.node.latest_policy()
+        latest = hint or self.node.records.latest_policy()
         if latest is None:
             return None
         publisher, rec = latest
@@ -173,9 +175,9 @@ class Sampler:
 
     def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
         """Serve a fetched (verified) version to other samplers and announce it in the DHT."""
-        if not self.cfg.net.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
+        if not self.node.client_mode:  # a client-mode peer cannot be dialled, so it serves nobody
             self.store.add(rec.version, rec.sha256, blob)
-            self.node.announce_holder(rec)
+            self.node.records.announce_holder(rec)
 
     def load(self, publisher: str, rec: PolicyRecord, blob: bytearray) -> None:
         """Load fetched weights into the generator; the next version we take is drawn from the sync delay."""
@@ -277,19 +279,19 @@ class Sampler:
     def run_started(self) -> bool:
         """Whether a learner of the run is announced and a policy and the run's config are published. The
         learners found are kept: the loop sends its first groups to them at once, not a heartbeat later."""
-        learners = self.node.peers("learner")
+        learners = self.node.records.peers("learner")
         if learners:
             self.learners = learners
-        return bool(learners and self.node.latest_policy() and self.node.run_configs())
+        return bool(learners and self.node.records.latest_policy() and self.node.records.run_configs())
 
     def heartbeat(self) -> None:
-        self.node.refresh_trust()
-        self.node.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
+        self.node.records.refresh_trust()
+        self.node.records.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
                                       queue_depth=self.view.groups, session=self.session(), unread=self.view.unread))
-        errors = self.node.dht_errors
-        learners = self.node.peers("learner")
-        if learners or self.node.dht_errors == errors:  # a failed look-up is not every learner gone
+        errors = self.node.records.dht_errors
+        learners = self.node.records.peers("learner")
+        if learners or self.node.records.dht_errors == errors:  # a failed look-up is not every learner gone
             self.learners = learners
         self.saw(max((r.policy_version for r in learners), default=0))
 
@@ -308,7 +310,7 @@ class Sampler:
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
         log once a minute."""
-        if not self.cfg.net.client_mode:  # other samplers fetch from us (the node's limits apply)
+        if not self.node.client_mode:  # other samplers fetch from us (the node's limits apply)
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
                             self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
@@ -326,7 +328,8 @@ class Sampler:
 
         wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
                    cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
-        check_run_config(self.node.run_configs(), run_config(self.cfg, self.core.task), "sampler", self.cfg.net.run_id)
+        check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler",
+                         self.cfg.net.run_id)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
@@ -386,9 +389,9 @@ class Sampler:
 
 
 def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event) -> None:
-    """Wait for the run record signed by ``trust.authority``; refuse to join if its config differs from ours."""
-    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
-    rec = wait_until(lambda: node.refresh_trust() or node.trust.record,
+    """Wait for the run record signed by ``trust.authority`` (the node's trust, made for that authority: see
+    ``run_sampler``); refuse to join if its config differs from ours."""
+    rec = wait_until(lambda: node.records.refresh_trust() or node.trust.record,
                      f"the run record of run {cfg.net.run_id!r} signed by authority {cfg.trust.authority[:12]}",
                      log, stop)
     if rec is None:
@@ -412,13 +415,16 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         peers = peerbook.known_initial_peers(cfg.net, book)
         cfg = cfg.model_copy(update={"net": cfg.net.model_copy(update={"initial_peers": peers})})
     # other samplers fetch weights from us: per-peer limits, slow readers cut (a client-mode peer serves nobody)
-    node = SwarmNode(cfg.net, "sampler", stop, limits=None if cfg.net.client_mode else PeerLimits(cfg.trust))
+    # an authority run: whom it hears, once it found the run record (``join_authority_run``)
+    trust = Trust(cfg.trust.authority, cfg.net.run_id) if cfg.trust.authority else None
+    limits = None if cfg.net.client_mode else PeerLimits(cfg.trust)
+    node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop, limits=limits, trust=trust)
     server = None
-    keeper = peerbook.Keeper(book, lambda: getattr(node.transport, "dht", None))
+    keeper = peerbook.Keeper(book, node.transport)
     try:
         sampler = Sampler(cfg, node, policy)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, lambda: sampler_metrics(sampler))
-        node.metrics_addr = prom.announced_address(cfg.net, server)
+        node.records.metrics_addr = prom.announced_address(cfg.net, server)
         sampler.run(stop, progress=progress and sys.stderr.isatty())
     finally:
         prom.stop_metrics(server)
@@ -426,5 +432,5 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         node.shutdown()
     outbox = sampler.link.outbox
     return {"groups_made": sampler.core.groups_made, "unsettled": len(outbox), **outbox.whereabouts(),
-            "dht_errors": node.dht_errors, **sampler.all_counts(), **node.trust.counts,
+            "dht_errors": node.records.dht_errors, **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

@@ -153,5 +153,5 @@ def sampler_metrics(s) -> list:
         prom.counter("weights_served_bytes", "Bytes of policy weights uploaded to peers", s.store.bytes_served),
         prom.labelled("trust_events", "Records refused for the run authority", ["event"],
                       {(k,): n for k, n in s.node.trust.counts.items()}),
-        prom.counter("dht_errors", "Failed DHT requests", s.node.dht_errors),
+        prom.counter("dht_errors", "Failed DHT requests", s.node.records.dht_errors),
     ]

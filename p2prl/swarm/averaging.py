@@ -16,8 +16,9 @@ marker sum of every block must equal the sum over the whole group (known from th
 round's gathered metadata). A block averaged over any other set of learners fails the
 check and the round is not applied: the learners retry it (see ``docs/architecture.md``).
 
-``encode`` / ``decode`` are pure; ``GradientRounds`` runs rounds through a hivemind
-``DecentralizedAverager`` whose process accumulates in float64.
+``encode`` / ``decode`` are pure; ``GradientRounds`` runs rounds through its node's transport's
+``all_reduce`` (``transport.py``): a hivemind ``DecentralizedAverager`` whose process accumulates in
+float64, or, in a ``MemorySwarm``, groups formed and summed in float64 in process (unit tests).
 
 Non-finite gradients are refused in every mode: a learner never sends one of its own
 (``RoundFailed("non_finite_own")``), and a mean with a non-finite value, or beyond what
@@ -44,7 +45,6 @@ import concurrent.futures
 import hashlib
 import logging
 import math
-import os
 import secrets
 import threading
 from collections import OrderedDict
@@ -55,7 +55,6 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
-from p2prl.launch.procs import exit_with_parent
 from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
 
 if TYPE_CHECKING:
@@ -63,15 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("p2prl.averaging")
 
-
-def _not_a_failed_step(record: logging.LogRecord) -> bool:
-    """hivemind logs every failed averaging step with a traceback (``DecentralizedAverager._step``) and also
-    sets the failure on the step's future, which the learner reports in one line (``gradient round at vN
-    failed: ...``): the traceback only repeats it, and a round whose partner just left is not an error."""
-    return not (record.funcName == "_step" and record.exc_info)
-
-
-logging.getLogger("hivemind.averaging.averager").addFilter(_not_a_failed_step)
 
 SCALE_BITS = 24  # resolution of a gradient value: 2**-24 (6e-8)
 LIMIT = 2**32 - 1  # largest |gradient| * 2**SCALE_BITS sent (256); larger values are clamped and counted
@@ -181,43 +171,6 @@ def group_bits(version: int) -> str:
     return format(version % 2**16, "016b")
 
 
-def _make_averager_class():
-    import hivemind
-
-    class ExactAverager(hivemind.DecentralizedAverager):
-        """A DecentralizedAverager whose reducers accumulate in float64 (exact for our integers), and whose
-        process ends with the learner that started it, however that learner dies."""
-
-        def __init__(self, *args, **kwargs):
-            self._owner = os.getpid()  # before the base class starts the process
-            super().__init__(*args, **kwargs)
-
-        def run(self):  # runs in the averager's own process
-            exit_with_parent(self._owner)
-            torch.set_default_dtype(torch.float64)
-            super().run()
-
-        def set_round(self, group_bits: str, group_size: int) -> None:
-            """Matchmaking key bits and the group size to stop waiting at, for the next round."""
-            from hivemind.utils.mpfuture import MPFuture
-
-            future = MPFuture()
-            self._outer_pipe.send(("_set_round", [], dict(group_bits=group_bits, group_size=group_size, future=future)))
-            future.result()
-
-        async def _set_round(self, group_bits: str, group_size: int, future) -> None:
-            try:
-                mm = self._matchmaking
-                mm.group_key_manager.group_bits = group_bits
-                mm.target_group_size = mm.potential_leaders.target_group_size = group_size
-                future.set_result(None)
-            except Exception as e:
-                if not future.done():
-                    future.set_exception(e)
-
-    return ExactAverager
-
-
 class BlobExchange:
     """Serves this learner's committed gradients (the last two rounds') and fetches other members' (robust mode), over
     the node's streams (its loop, its ban and limit gate)."""
@@ -268,24 +221,17 @@ class GradientRounds:
 
     def __init__(self, node: SwarmNode, prefix: str, n_params: int, *, target_group_size: int, wait_s: float,
                  timeout_s: float, rule: Rule | None = None, authorized: Callable[[str], bool] = lambda peer: True):
-        """``node``: the learner's node (its hivemind DHT forms the groups; robust mode fetches gradients over its
-        streams). ``authorized``: whether a peer may be a member (authority runs); a round with any other member
-        fails."""
-        dht = getattr(node.transport, "dht", None)
-        if dht is None:
-            raise TypeError("gradient rounds run over hivemind's all-reduce: the node needs the hivemind transport")
+        """``node``: the learner's node (its transport's ``all_reduce`` forms the groups; robust mode fetches
+        gradients over its streams). ``authorized``: whether a peer may be a member (authority runs); a round with
+        any other member fails."""
         self.n, self.max_group, self.rule, self.authorized = n_params, target_group_size, rule, authorized
         self.find_timeout_s = 2 * wait_s + 1  # looking for the other learners; the all-reduce has timeout_s
-        chunk_timeout = max(1.0, timeout_s / 4)
-        # robust mode: the averager only forms groups and gathers metadata (a one-value tensor, no large all-reduce)
-        # under its own prefix, so mean-mode and robust-mode learners never meet
+        # robust mode: the all-reduce only forms groups and gathers metadata (a one-value tensor, no large
+        # all-reduce) under its own prefix, so mean-mode and robust-mode learners never meet
         tensor = torch.zeros(1 if rule else buffer_size(n_params), dtype=torch.float64)
-        self.averager = _make_averager_class()(
-            averaged_tensors=[tensor], dht=dht, prefix=f"{prefix}/robust" if rule else prefix,
-            target_group_size=target_group_size, min_group_size=2, min_matchmaking_time=wait_s,
-            request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s, next_chunk_timeout=chunk_timeout,
-            start=True,
-        )
+        self.allreduce = node.transport.all_reduce(f"{prefix}/robust" if rule else prefix, tensor,
+                                                   target_group_size=target_group_size, wait_s=wait_s,
+                                                   timeout_s=timeout_s)
         self.exchange = BlobExchange(node, 4 * n_params, timeout_s) if rule else None
         self.saturated = 0
 
@@ -309,7 +255,7 @@ class GradientRounds:
         if self.rule is not None:
             return self._robust_round(grad, meta, expected)
         meta["marker"] = marker = 1 + secrets.randbelow(MARKER_BOUND - 1)
-        with self.averager.get_tensors() as tensors:
+        with self.allreduce.tensors() as tensors:
             self.saturated += encode(grad, marker, out=tensors[0])[1]
         members = self._gather(meta, float(weight), expected)
         total = sum(m["weight"] for m in members.values())
@@ -318,34 +264,34 @@ class GradientRounds:
             if not (isinstance(m.get("marker"), int) and 0 < m["marker"] < MARKER_BOUND):
                 raise RoundFailed("bad_metadata", "marker")
             marker_sum += m["weight"] * m["marker"]
-        with self.averager.get_tensors() as tensors:  # overwritten by the next round's encode anyway
+        with self.allreduce.tensors() as tensors:  # overwritten by the next round's encode anyway
             grad = decode(tensors[0], self.n, total, marker_sum, inplace=True)
         return Round(grad, len(members), total, sorted(t for m in members.values() for t in m["groups"]))
 
     def _gather(self, meta: dict, weight: float, expected: int) -> dict[str, dict]:
         """Form the round's group and gather every member's checked metadata: {peer id: metadata}, sorted by peer id."""
         version, sha256 = meta["version"], meta["sha256"]
-        self.averager.set_round(group_bits(version), max(2, min(expected, self.max_group)))
         try:
-            gathered = self.averager.step(gather=meta, weight=weight, timeout=self.find_timeout_s, allow_retries=False)
+            gathered = self.allreduce.step(group_bits(version), max(2, min(expected, self.max_group)), meta, weight,
+                                           self.find_timeout_s)
         except Exception as e:  # hivemind raises its own exception kinds (no group, all-reduce failed)
             raise RoundFailed("no_round", type(e).__name__) from None
         if not gathered:
             raise RoundFailed("no_round", "no group")
         tags: list[list] = []
         members: dict[str, dict] = {}
-        for peer, m in sorted(gathered.items(), key=lambda kv: str(kv[0])):
-            if not self.authorized(str(peer)):
-                raise RoundFailed("unauthorized_member", f"peer {str(peer)[-6:]} is not an authorized learner")
+        for peer, m in sorted(gathered.items()):
+            if not self.authorized(peer):
+                raise RoundFailed("unauthorized_member", f"peer {peer[-6:]} is not an authorized learner")
             if not isinstance(m, dict) or m.get("version") != version or m.get("sha256") != sha256:
-                raise RoundFailed("mixed_versions", f"peer {str(peer)[-6:]} is at another version or hash")
+                raise RoundFailed("mixed_versions", f"peer {peer[-6:]} is at another version or hash")
             w = m.get("weight")
             if not (isinstance(w, int) and 0 <= w and _valid_tags(m.get("groups"))):
-                raise RoundFailed("bad_metadata", f"peer {str(peer)[-6:]}")
+                raise RoundFailed("bad_metadata", f"peer {peer[-6:]}")
             tags += m["groups"]
-            members[str(peer)] = m
+            members[peer] = m
         if len({t[0] for t in tags}) < len(tags):  # a group brought twice would be trained twice: retry without it
-            drop = duplicates_to_drop({p: m["groups"] for p, m in members.items()}, str(self.averager.peer_id))
+            drop = duplicates_to_drop({p: m["groups"] for p, m in members.items()}, self.allreduce.peer_id)
             raise RoundFailed("duplicate_groups",
                               f"{len(tags) - len({t[0] for t in tags})} group(s) held by two members", drop)
         if sum(m["weight"] for m in members.values()) == 0:
@@ -365,7 +311,7 @@ class GradientRounds:
             if not (_is_sha256(m.get("digest")) if m["weight"] else m.get("digest") == ""):
                 raise RoundFailed("bad_metadata", f"peer {peer[-6:]}: gradient commitment",
                                   bad={peer: "bad_commitment"})
-        me = str(self.averager.peer_id)
+        me = self.allreduce.peer_id
         senders = [p for p, m in members.items() if m["weight"]]  # sorted by peer id
         blobs = self.exchange.fetch({p: members[p]["digest"] for p in senders if p != me})
         if digest:
@@ -395,6 +341,6 @@ class GradientRounds:
 
     def shutdown(self) -> None:
         try:
-            self.averager.shutdown()
+            self.allreduce.shutdown()
         except Exception as e:
-            log.debug("averager shutdown: %s", e)
+            log.debug("all-reduce shutdown: %s", e)

@@ -67,14 +67,14 @@ class Membership:
 
     def heartbeat(self) -> None:
         """Announce ourselves; find the run's other learners (DHT, then each one asked directly)."""
-        self.node.announce(self.own_record())
-        self.node.publish_policy(self.latest())
+        self.node.records.announce(self.own_record())
+        self.node.records.publish_policy(self.latest())
         if self.run_config is not None:
-            self.node.publish_run_config(self.run_config)
-        self.node.refresh_trust()
-        self.node.publish_run_record()
+            self.node.records.publish_run_config(self.run_config)
+        self.node.records.refresh_trust()
+        self.node.records.publish_run_record()
         now, me = time.time(), self.node.peer_id
-        found = [r.peer_id for r in self.node.peers("learner") if r.peer_id != me]
+        found = [r.peer_id for r in self.node.records.peers("learner") if r.peer_id != me]
         with self.lock:
             for p in found:
                 self.known.setdefault(p, now)
@@ -85,7 +85,7 @@ class Membership:
             self.hello(peer, now)
         with self.lock:
             self.others = [p for p, t in self.known.items()
-                           if now - t <= 2 * self.node.ttl and self.node.trust.authorized(p)]
+                           if now - t <= 2 * self.node.records.ttl and self.node.trust.authorized(p)]
             self.alone_since = None if self.known else self.alone_since or now
 
     def alone(self, now: float) -> bool:
@@ -103,7 +103,7 @@ class Membership:
             with self.lock:
                 self.counts["hello_failed"] += 1
                 n = self.counts["hello_failed"]
-                if now - self.known.get(peer, now) > 2 * self.node.ttl:
+                if now - self.known.get(peer, now) > 2 * self.node.records.ttl:
                     self.known.pop(peer, None)
                     self.policies.pop(peer, None)
             if n <= 5 or n % 100 == 0:  # a learner that died fails every heartbeat until forgotten

@@ -390,11 +390,11 @@ def run_monitor(cfg, host: str, port: int, period_s: float) -> int:
     from p2prl.swarm.authority import Trust
     from p2prl.swarm.dht import stop_on_signals
     from p2prl.swarm.node import SwarmNode
+    from p2prl.swarm.transport import HivemindTransport
 
     stop = stop_on_signals()
-    cfg.net.client_mode = True
-    node = SwarmNode(cfg.net, "monitor", stop)
-    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    node = SwarmNode(cfg.net, "monitor", HivemindTransport.join(cfg.net, stop, client_mode=True), stop, trust=trust)
     try:
         Monitor(node, cfg.net.run_id, period_s, cfg.net.initial_peers).serve(host, port, stop)
     finally:

@@ -1,9 +1,10 @@
 """``SwarmNode``: one peer's DHT records (``records.py``) and libp2p streams, behind a small blocking API.
 
 The network itself is a ``Transport`` (``transport.py``: hivemind's DHT, which runs in its own
-process, and a replica of its P2P client; or peers in memory, for unit tests); this class runs
-it on an asyncio loop in a background thread, so role loops stay plain blocking code. It keeps
-the typed records (``dht.py``) and their checks, the ban and limit gate on served streams and
+process, and a replica of its P2P client; or peers in memory, for unit tests), built before the
+node and handed to it; this class runs it on an asyncio loop in a background thread, so role loops
+stay plain blocking code. It keeps the typed records (``records``: ``dht.py``'s models) and
+their checks, the ban and limit gate on served streams and
 every timeout: every network call has one. Messages on a stream are frames: an 8-byte big-endian
 length, then the payload written in 64 KiB chunks; a frame longer than the reader's
 bound is refused before it is read. The request/reply protocols (``messages.PROTOCOLS``) are framed, bounded,
@@ -25,13 +26,13 @@ import msgpack
 
 from p2prl.config import NetConfig
 from p2prl.swarm.authority import Trust, TrustError
-from p2prl.swarm import owned, reach
-from p2prl.swarm.dht import BootstrapError, start_dht, wait_for_peers_file
+from p2prl.swarm import reach
+from p2prl.swarm.dht import BootstrapError
 from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.messages import CONTROL, PROTOCOLS, Bounds, MessageError
 from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.transport import HivemindTransport, Transport
+from p2prl.swarm.transport import Transport
 
 log = logging.getLogger("p2prl.node")
 
@@ -345,54 +346,46 @@ class Streams:
         return self.cfg.rpc_timeout_s + nbytes / 1e6
 
 
-class SwarmNode(Records, Streams):
-    def __init__(self, cfg: NetConfig, role: str, stop: threading.Event | None = None,
-                 reputation: Reputation | None = None, limits: PeerLimits | None = None,
-                 transport: Transport | None = None, trust: Trust | None = None):
-        """``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C stays responsive). The gate on
-        every stream this node serves: ``reputation`` (banned peers' streams are refused) and ``limits`` (per-peer
-        rate and concurrency limits, slow readers cut); ``trust``: whom it hears (default: open; an authority run's
-        learner gives its own, whose identity must be this node's). ``transport``: the network (default: a hivemind
-        DHT started from ``cfg``; then a sampler or learner of a run that spans hosts checks that the swarm can dial
-        it back, ``settle_reachability``)."""
+class SwarmNode(Streams):
+    def __init__(self, cfg: NetConfig, role: str, transport: Transport, stop: threading.Event | None = None,
+                 reputation: Reputation | None = None, limits: PeerLimits | None = None, trust: Trust | None = None):
+        """``transport``: the network (``HivemindTransport.join(cfg)``, or a ``MemorySwarm``'s), this node's from
+        now on (it shuts it down); a sampler or learner of a run that spans hosts checks that the swarm can dial it
+        back (``settle_reachability``). ``stop``: when set, in-flight network calls are cancelled at once (Ctrl-C
+        stays responsive). The gate on every stream this node serves: ``reputation`` (banned peers' streams are
+        refused) and ``limits`` (per-peer rate and concurrency limits, slow readers cut); ``trust``: whom it hears
+        (default: open; an authority run's peers give their own, whose key, when it has one, must be this
+        node's)."""
         self.cfg, self.role = cfg, role
         self.stop = stop or threading.Event()
-        self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
-        self.initial_peers: list[str] = []
-        self.dht_args: dict | None = None  # how the DHT was started (None: a transport given), for a restart
         self.reach: reach.Decision | None = None  # the dial-back check's outcome, when one ran
-        if transport is None:
-            peers = list(cfg.initial_peers)
-            if cfg.initial_peers_file:  # a bootstrap started together with this peer: up once it wrote the file
-                peers += wait_for_peers_file(cfg.initial_peers_file, cfg.bootstrap_timeout_s, self.stop)
-            self.initial_peers = peers
-            self.dht_args = dict(host_maddrs=list(cfg.host_maddrs), announce_maddrs=list(cfg.announce_maddrs),
-                                 loopback=cfg.loopback, client_mode=cfg.client_mode,
-                                 closed_network=cfg.closed_network, rpc_timeout_s=cfg.dht_rpc_timeout_s)
-            # the libp2p identity: its key signs our DHT records (owned.py); a fresh one unless given
-            self._identity = owned.load_identity(cfg.identity_path) if cfg.identity_path else owned.new_identity()
-            transport = self._start_transport()
         # the run's scope (reach.py): which of this peer's addresses others can use
-        self.scope = "local" if cfg.loopback else reach.run_scope(self.initial_peers)
+        self.scope = "local" if cfg.loopback else reach.run_scope(transport.initial_peers)
         self.transport = transport
         self.peer_id = transport.peer_id
         if trust is not None and trust.key is not None and trust.key.peer_id != self.peer_id:
             transport.shutdown()
             raise TrustError(f"net.identity_path {cfg.identity_path!r} is not this node's identity")
-        self.trust = trust or Trust("", cfg.run_id)  # open unless given (an authority run's sampler sets its own)
+        self.trust = trust or Trust("", cfg.run_id)  # open unless given
         self.limits, self.reputation = limits, reputation
-        self._init_records()
+        self.records = Records(cfg, transport, self.trust, self._wait)  # the run's records in the DHT
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
         self.run(transport.start(), timeout=30, cancellable=False)
-        if self.dht_args is not None and role in ("sampler", "learner") and not (
-                cfg.client_mode or cfg.loopback or cfg.closed_network) and self.scope in ("lan", "public"):
+        if role in ("sampler", "learner") and not (transport.client_mode or cfg.loopback or cfg.closed_network) \
+                and self.scope in ("lan", "public"):
             try:
                 self.settle_reachability()
             except Exception:  # refused, stopped meanwhile, or a restart that failed: nothing is left running
                 self.shutdown()
                 raise
+
+    @property
+    def client_mode(self) -> bool:
+        """Whether this peer only dials out (asked for, or switched to by ``settle_reachability``): nobody can dial
+        it, so it serves nobody."""
+        return self.transport.client_mode
 
     # ---- reachability (reach.py) -------------------------------------------------------------
     def check_reachability(self, checkers: list[str] | None = None,
@@ -403,15 +396,16 @@ class SwarmNode(Records, Streams):
         addrs = sorted(announced, key=lambda m: not reach.in_scope(m, self.scope))[:reach.MAX_ADDRS]
         ports = list(dict.fromkeys(p for p in map(reach.maddr_port, announced) if p))[:reach.MAX_PORTS]
         if checkers is None:
-            checkers = [reach.maddr_peer(m) for m in self.initial_peers if reach.in_scope(m, self.scope)]
+            checkers = [reach.maddr_peer(m) for m in self.transport.initial_peers if reach.in_scope(m, self.scope)]
             try:
-                checkers += [r.peer_id for r in self.peers("learner")]
+                checkers += [r.peer_id for r in self.records.peers("learner")]
             except Exception as e:  # a failed look-up leaves the initial peers
                 log.debug("reachability: no learners to ask: %s", e)
         checkers = [c for c in dict.fromkeys(checkers) if c and c != self.peer_id]
         if not checkers or not addrs and not ports:
             return reach.Verdict(None, errors=["no peer to ask" if not checkers else "no address to check"])
-        return self.run(reach.check(self.transport.p2p, checkers, addrs, ports, timeout_s), timeout=timeout_s + 5)
+        return self.run(reach.check(self.transport.open_stream, checkers, addrs, ports, timeout_s),
+                        timeout=timeout_s + 5)
 
     def settle_reachability(self) -> None:
         """Check that the swarm can dial this peer and say so in one line; when it cannot, log the fix and: a sampler
@@ -427,35 +421,19 @@ class SwarmNode(Records, Streams):
         if d.fix:
             log.warning("%s", d.fix)
         if d.action == "client":
-            self.restart_dht(client_mode=True)
-            self.cfg.client_mode = True  # the role reads it: a client-mode sampler serves no weights
+            self.restart_transport(client_mode=True)  # the role reads ``client_mode``: it then serves no weights
         elif d.action == "announce":
             host = [m.replace("/tcp/0", f"/tcp/{port}") if m.endswith("/tcp/0") else m
-                    for m in self.dht_args["host_maddrs"]]
-            self.restart_dht(host_maddrs=host, announce_maddrs=d.announce)
+                    for m in self.cfg.host_maddrs]
+            self.restart_transport(host_maddrs=host, announce_maddrs=d.announce)
 
-    def _start_transport(self) -> HivemindTransport:
-        """Start a DHT with ``dht_args`` and this node's identity; its records go under our owned subkey."""
-        _, subkey = owned.owned_subkey(self._identity)
-        with owned.identity_file(self._identity) as path:  # the daemon reads it at its start, which this waits for
-            dht = start_dht(self.initial_peers, self.cfg.bootstrap_timeout_s, identity_path=path,
-                            fresh_identity=not self.cfg.identity_path, **self.dht_args)
-        return HivemindTransport(dht, subkey, on_unowned=self._count_unowned)
-
-    def _count_unowned(self, n: int) -> None:
-        self.trust.counts["untrusted/unowned_record"] += n
-        log.debug("%d DHT record(s) under a subkey that no peer owns left out", n)
-
-    def restart_dht(self, **changes) -> None:
-        """Stop the DHT and start it again with ``changes`` to its arguments (same identity)."""
+    def restart_transport(self, **changes) -> None:
+        """Stop the transport and start it again with ``changes`` to its arguments (same identity)."""
         try:
             self.run(self.transport.close_streams(), timeout=5, cancellable=False)
         except Exception as e:
             log.debug("closing streams before a restart: %s", e)
-        self.transport.shutdown()
-        self.dht_args.update(changes)
-        self.transport = self._start_transport()
-        self.peer_id = self.transport.peer_id
+        self.transport.restart(**changes)
         self.run(self.transport.start(), timeout=30, cancellable=False)
 
     @property
@@ -489,10 +467,7 @@ class SwarmNode(Records, Streams):
 
     def shutdown(self) -> None:
         """Stop serving, cancel in-flight exchanges, stop the loop thread and the DHT."""
-        if not self.stop.is_set():  # a run that ended: the last version it announced reaches the DHT
-            self.flush_policy()
-        with self._publish_lock:
-            self._publishing, self._unannounced = [], None
+        self.records.close(flush=not self.stop.is_set())  # a run that ended: its last version reaches the DHT
 
         async def close():
             # streams cut by the daemon going away are expected now: keep them out of the user's terminal

@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -281,7 +281,7 @@ def known_initial_peers(net, path: str) -> list[str]:
     return peers
 
 
-async def _seen(_dht, node) -> list[KnownPeer] | None:
+async def seen_in_dht(_dht, node) -> list[KnownPeer] | None:
     """``seen_peers`` in the DHT's process; None when its p2pd did not answer (at shutdown p2pd goes first: an
     exception raised here would land in the peer's log as hivemind's "Caught an exception" traceback)."""
     try:
@@ -291,13 +291,21 @@ async def _seen(_dht, node) -> list[KnownPeer] | None:
         return None
 
 
+class PeerSource(Protocol):
+    """What a ``Keeper`` reads: a transport's peers seen now (``transport.py``), and its own id."""
+
+    peer_id: str
+
+    def seen_peers(self, timeout_s: float) -> list[KnownPeer] | None: ...
+
+
 class Keeper:
     """Keeps a learner's or sampler's book at ``path``: the peers of its routing table merged in, written
-    ``SAVE_FIRST_S`` after start, every ``SAVE_PERIOD_S`` then, and at ``close`` (before the node stops). ``dht``:
-    a callable giving the node's hivemind DHT now (a restarted DHT is another one), or None for another transport."""
+    ``SAVE_FIRST_S`` after start, every ``SAVE_PERIOD_S`` then, and at ``close`` (before the node stops).
+    ``source``: the node's transport (its ``seen_peers``, and its own ``peer_id``, which is left out)."""
 
-    def __init__(self, path: str, dht, first_s: float = SAVE_FIRST_S, period_s: float = SAVE_PERIOD_S):
-        self.path, self.dht, self.first_s, self.period_s = path, dht, first_s, period_s
+    def __init__(self, path: str, source: PeerSource, first_s: float = SAVE_FIRST_S, period_s: float = SAVE_PERIOD_S):
+        self.path, self.source, self.first_s, self.period_s = path, source, first_s, period_s
         self.book = load(path) if path else []
         self.warn = True  # a failed write is a warning once, then debug lines until one succeeds
         self.stop = threading.Event()
@@ -312,17 +320,14 @@ class Keeper:
             wait = self.period_s
 
     def save(self) -> None:
-        dht = self.dht()
-        if dht is None:
-            return
         try:
-            seen = dht.run_coroutine(_seen, return_future=True).result(timeout=LIST_TIMEOUT_S)
+            seen = self.source.seen_peers(LIST_TIMEOUT_S)
         except Exception as e:  # the DHT stopping or restarting: the next round, or the book as it was
             log.debug("peers file: no peers read: %s: %s", type(e).__name__, e)
             return
         if seen is None:
             return
-        self.book = merge(self.book, seen, time.time(), exclude=dht.peer_id.to_base58())
+        self.book = merge(self.book, seen, time.time(), exclude=self.source.peer_id)
         if not self.book:
             return
         try:

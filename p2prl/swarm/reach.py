@@ -32,6 +32,7 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+from typing import Awaitable, Callable
 
 import msgpack
 
@@ -431,11 +432,12 @@ class Verdict:
     errors: list[str] = field(default_factory=list)  # checkers that did not check, and why
 
 
-async def ask(p2p, checker: str, addrs: list[str], ports: list[int]) -> dict:
-    """One checker's reply (raises on failure)."""
-    from hivemind.p2p import PeerID
+OpenStream = Callable[[str, str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]  # (peer id, protocol)
 
-    _, reader, writer = await p2p.call_binary_stream_handler(PeerID.from_base58(checker), PROTOCOL)
+
+async def ask(open_stream: OpenStream, checker: str, addrs: list[str], ports: list[int]) -> dict:
+    """One checker's reply (raises on failure)."""
+    reader, writer = await open_stream(checker, PROTOCOL)
     try:
         await _send(writer, {"addrs": addrs[:MAX_ADDRS], "ports": ports[:MAX_PORTS]})
         return await _recv(reader)
@@ -443,12 +445,12 @@ async def ask(p2p, checker: str, addrs: list[str], ports: list[int]) -> dict:
         writer.close()
 
 
-async def check(p2p, checkers: list[str], addrs: list[str], ports: list[int],
+async def check(open_stream: OpenStream, checkers: list[str], addrs: list[str], ports: list[int],
                 timeout_s: float = CHECK_TIMEOUT_S) -> Verdict:
     """Ask ``checkers`` (``CHECKERS`` at a time, in order, until one answers or all were asked) to dial this peer
-    back at ``addrs`` / ``ports``; reachable when one of them could. Checkers that were busy with another peer's
-    check are asked again after a pause (peers that start together queue at their bootstrap), within
-    ``timeout_s`` in all."""
+    back at ``addrs`` / ``ports``, over ``open_stream`` (the peer's transport's); reachable when one of them could.
+    Checkers that were busy with another peer's check are asked again after a pause (peers that start together
+    queue at their bootstrap), within ``timeout_s`` in all."""
     v = Verdict(None)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -458,7 +460,7 @@ async def check(p2p, checkers: list[str], addrs: list[str], ports: list[int],
             if left <= 0:
                 break
             batch = checkers[i : i + CHECKERS]
-            replies = await asyncio.gather(*(asyncio.wait_for(ask(p2p, c, addrs, ports), left) for c in batch),
+            replies = await asyncio.gather(*(asyncio.wait_for(ask(open_stream, c, addrs, ports), left) for c in batch),
                                            return_exceptions=True)
             for c, r in zip(batch, replies):
                 if isinstance(r, BaseException):

@@ -1,5 +1,5 @@
-"""The run's typed DHT records, over a transport's record half (``Records``, the part of ``SwarmNode`` that reads
-and writes them).
+"""The run's typed DHT records, over a transport's record half (``Records``: a node's ``records``, which read and
+write them).
 
 Every record is a typed model (``dht.py``) stored under the run's keys as its peer's own (an owned subkey that
 only the peer's key can write: ``owned.py``), with an expiration of ``ttl`` (three heartbeats): peer records,
@@ -52,16 +52,13 @@ class Prefetch:
 
 
 class Records:
-    """Mixed into ``SwarmNode``, which provides ``cfg``, ``transport``, ``trust``, ``peer_id``, ``metrics_addr`` and
-    ``_wait`` (a future's result within a timeout, given up once the node stops)."""
+    """A node's records (``SwarmNode.records``): over its ``transport``, heard as its ``trust`` says; ``wait``: a
+    future's result within a timeout, given up once the node stops."""
 
-    cfg: NetConfig
-    transport: Transport
-    trust: Trust
-    peer_id: str
-    metrics_addr: str
-
-    def _init_records(self) -> None:
+    def __init__(self, cfg: NetConfig, transport: Transport, trust: Trust,
+                 wait: Callable[[concurrent.futures.Future, float], object]):
+        self.cfg, self.transport, self.trust, self._wait = cfg, transport, trust, wait
+        self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
         self.dht_errors = 0
         self._publish_lock = threading.Lock()
         self._publishing: list = []  # (DHT key, store future) of the last publish_policy(wait=False)
@@ -100,12 +97,16 @@ class Records:
         if not self.transport.alive():
             return {}
         try:
-            found = self._wait(self.transport.get(dht_key), self.cfg.rpc_timeout_s)
+            found = self._wait(self.transport.get(dht_key, self._count_unowned), self.cfg.rpc_timeout_s)
         except Exception as e:
             self.dht_errors += 1
             log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
             return {}
         return found or {}
+
+    def _count_unowned(self, n: int) -> None:
+        self.trust.counts["untrusted/unowned_record"] += n
+        log.debug("%d DHT record(s) under a subkey that no peer owns left out", n)
 
     @property
     def ttl(self) -> float:
@@ -209,6 +210,14 @@ class Records:
         """Authority runs: adopt the newest valid run record in the DHT (the authority may have added learners)."""
         if not self.trust.open:
             self.trust.refresh(self.run_records())
+
+    def close(self, flush: bool) -> None:
+        """``flush``: announce what is pending first (``flush_policy``: a run that ended, its last version reaches
+        the DHT); then forget it."""
+        if flush:
+            self.flush_policy()
+        with self._publish_lock:
+            self._publishing, self._unannounced = [], None
 
     def holders(self, rec: PolicyRecord) -> list[str]:
         """Peers announcing that they hold exactly this version and hash."""

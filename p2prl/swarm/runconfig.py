@@ -100,9 +100,9 @@ class StoppedWaiting(RuntimeError):
 def found_run(node) -> tuple[int, int | None]:
     """(live learners of the node's run but itself, the newest version they announce or publish: None when there is
     neither a learner nor a policy record but its own)."""
-    learners = [r for r in node.peers("learner") if r.peer_id != node.peer_id]
+    learners = [r for r in node.records.peers("learner") if r.peer_id != node.peer_id]
     versions = [r.policy_version for r in learners]
-    latest = node.latest_policy()
+    latest = node.records.latest_policy()
     if latest is not None and latest[0] != node.peer_id:
         versions.append(latest[1].version)
     return len(learners), max(versions, default=None)
@@ -176,7 +176,7 @@ def join_run(cfg: Config, node, task: Task, stop: threading.Event,
         log.info("no other learner of run %r found: this learner %s it", run_id,
                  "resumes" if own else "starts")
     else:
-        others = {p: r for p, r in node.run_configs().items() if p != node.peer_id}
+        others = {p: r for p, r in node.records.run_configs().items() if p != node.peer_id}
         check(others, run_config(cfg, task), "learner", run_id)  # a different config: refused with both values
         if own:
             how = "resumed"

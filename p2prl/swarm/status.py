@@ -23,6 +23,7 @@ from p2prl.config import Config
 from p2prl.swarm.authority import Trust, records_found
 from p2prl.swarm.dht import COUNTER_BLOCK, counter_window
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 if TYPE_CHECKING:
     from p2prl.swarm.dht import PeerRecord, RunConfigRecord
@@ -39,7 +40,7 @@ def trust_view(node: SwarmNode, run_id: str) -> dict:
         return {"mode": "authority", "verified": True, "authority": t.authority,
                 "learners": len(rec.learners) if rec else None, "expires": rec.expires if rec else None,
                 "records": int(rec is not None)}
-    found = records_found(node.run_records(run_id), run_id)  # what learners republish
+    found = records_found(node.records.run_records(run_id), run_id)  # what learners republish
     if not found:
         return {"mode": "open", "verified": False, "authority": None, "learners": None, "expires": None, "records": 0}
     return {"mode": "authority", "verified": False, "authority": None, "learners": len(found[0].learners),
@@ -109,13 +110,13 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
     """The run's live peers (rows), its latest version, its trust (``trust_view``) and the other runs' peers by role,
     from the DHT; a sampler's row has ``withheld`` (``withheld_groups``, with ``heartbeat_s`` the peers' heartbeat
     period and ``batch`` the groups a sampler sends at once unless the run's config says; None: unknown)."""
-    node.refresh_trust()
-    peers = node.peers()
-    latest = node.latest_policy()
-    runs = node.runs()
+    node.records.refresh_trust()
+    peers = node.records.peers()
+    latest = node.records.latest_policy()
+    runs = node.records.runs()
     version = latest[1].version if latest else None
     now = time.time()
-    gaps = withheld_groups(peers, heartbeat_s, run_batch(node.run_configs(), batch))
+    gaps = withheld_groups(peers, heartbeat_s, run_batch(node.records.run_configs(), batch))
     rows = [
         {
             "role": p.role, "peer_id": p.peer_id, "policy_version": p.policy_version,
@@ -177,9 +178,8 @@ def render(snap: dict):
 
 def show_status(cfg: Config, as_json: bool = False, watch: float | None = None, count: int = 0) -> int:
     """Print the status once; with ``watch``, refresh it every ``watch`` seconds (``count`` times, 0 = until Ctrl-C)."""
-    cfg.net.client_mode = True
-    node = SwarmNode(cfg.net, "status")
-    node.trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    trust = Trust(cfg.trust.authority, cfg.net.run_id)
+    node = SwarmNode(cfg.net, "status", HivemindTransport.join(cfg.net, client_mode=True), trust=trust)
     try:
         if watch is not None:
             return _watch(node, cfg.net.run_id, watch, count, cfg.net.heartbeat_s, cfg.train.groups_per_step)

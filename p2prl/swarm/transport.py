@@ -1,36 +1,56 @@
 """What ``SwarmNode`` needs from a network, as one small interface, and its two implementations.
 
-What roles use of a node is typed here too: ``Directory`` (the run's records), ``Delivery`` (framed request and
-reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is all three.
+What roles use of a node is typed here too: ``Directory`` (the run's records: ``node.records``), ``Delivery`` (framed
+request and reply streams) and ``WeightSource`` (raw streams for weight ranges); ``SwarmNode`` is the last two.
 
 A ``Transport`` has two halves: records (a DHT: under a key, one value per peer, each with an expiration; a
 peer writes only its own) and streams (named byte streams between peers, opened by peer id). ``SwarmNode``
-(``node.py``) builds everything else on them: the typed records and their checks, frames, the ban
-and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's DHT and a replica of its
-libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory, so that unit
-tests can drive real learners and samplers without a daemon (the network tests use real peers).
+(``node.py``) builds everything else on them: the typed records and their checks (its ``records``,
+``records.py``), frames, the ban and limit gate, timeouts. ``HivemindTransport`` is the real one (hivemind's
+DHT and a replica of its libp2p client); ``MemorySwarm`` holds peers of one process that talk through memory,
+so that unit tests can drive real learners and samplers without a daemon (the network tests use real peers).
 
 Streams: ``add_handler`` and ``open_stream`` are coroutines for the node's event loop; a handler gets
 the caller's peer id and an ``asyncio`` reader and writer.
+
+A transport is built before its node and handed to it (``HivemindTransport.join(net)`` starts a DHT from the
+run's ``NetConfig``; ``MemorySwarm.transport()`` joins a swarm in memory). Besides records and streams it offers
+what the roles need of the network itself, each a small interface both implement: gradient rounds
+(``all_reduce``: an ``AllReduce``, groups formed under a key and summed), the peer book (``seen_peers``: the peers
+to dial again after a restart), the dial-back check (``reach.check`` over ``open_stream``), and a ``restart`` with
+changed arguments (same identity: a sampler that cannot be dialled goes to ``client_mode``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
+import os
 import secrets
 import threading
 import time
-from typing import Awaitable, Callable, Protocol
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, ContextManager, Iterator, Protocol
+
+import msgpack
+
+from p2prl.launch.procs import exit_with_parent
+from p2prl.swarm import owned, peerbook
+from p2prl.swarm.dht import shutdown_dht, start_dht, wait_for_peers_file
+
+if TYPE_CHECKING:
+    import torch
+
+    from p2prl.config import NetConfig
 
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
 
 
-# ---- what roles use of a node (``SwarmNode`` is all three) -------------------------------------------
+# ---- what roles use of a node (``SwarmNode``, its ``records``) ---------------------------------------
 class Directory(Protocol):
-    """The run's records in the DHT, typed and checked (``records.py``)."""
+    """The run's records in the DHT, typed and checked (``node.records``: ``records.py``)."""
 
-    peer_id: str
     dht_errors: int
 
     def announce(self, record) -> bool: ...
@@ -81,12 +101,39 @@ class WeightSource(Protocol):
     def transfer_timeout(self, nbytes: int) -> float: ...
 
 
+# ---- what gradient rounds need of a network ---------------------------------------------------------
+class AllReduce(Protocol):
+    """One learner's place in gradient rounds (``averaging.py``): peers that step under the same group bits meet in
+    a group of at most ``group_size`` (at least two), and each gets back the weighted mean of the members' tensors,
+    in place, and every member's metadata."""
+
+    peer_id: str
+
+    def tensors(self) -> ContextManager[list[torch.Tensor]]:
+        """The tensor to average (one, as made), to write before a step and read after it."""
+
+    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
+        """Join a round under ``group_bits`` with ``weight`` and metadata ``gather``; wait up to ``timeout`` s for a
+        group and its all-reduce: {peer id: its metadata} of every member (raises when no group formed)."""
+
+    def shutdown(self) -> None: ...
+
+
 # ---- what a node needs of a network ----------------------------------------------------------------
 class Transport(Protocol):
     peer_id: str
+    initial_peers: list[str]  # the peers it joined through (the run's scope, the first reachability checkers)
 
     async def start(self) -> None:
         """Ready its streams (on the node's loop)."""
+
+    @property
+    def client_mode(self) -> bool:
+        """Whether it only dials out (no peer can dial it: it serves nobody)."""
+
+    def restart(self, **changes) -> None:
+        """Stop and start again with ``changes`` to its arguments, under the same identity (streams closed first,
+        ``start`` again after)."""
 
     # records
     def alive(self) -> bool: ...
@@ -95,9 +142,20 @@ class Transport(Protocol):
         """Send a store of ``value`` under ``dht_key`` as this peer's own, expiring ``ttl`` s from now; a future of
         whether it was stored."""
 
-    def get(self, dht_key: str) -> concurrent.futures.Future:
+    def get(self, dht_key: str, on_unowned: Callable[[int], None] = lambda n: None) -> concurrent.futures.Future:
         """A future (``result(timeout)``, ``cancel()``) of the peer id -> value map under ``dht_key``: the values
-        each peer stored as its own (None or empty when there is none)."""
+        each peer stored as its own (None or empty when there is none); ``on_unowned`` is told how many values it
+        found under subkeys that no peer owns (left out)."""
+
+    # what the roles need of the network
+    def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
+                   timeout_s: float) -> AllReduce:
+        """Rounds under ``prefix`` averaging ``tensor`` (float64): a group forms once ``target_group_size`` peers
+        joined, or with those that joined within ``wait_s``; its all-reduce has ``timeout_s``."""
+
+    def seen_peers(self, timeout_s: float) -> list[peerbook.KnownPeer] | None:
+        """Peers it is connected to now that serve the DHT, with their addresses (the peer book's); None when that
+        could not be found out (raises on failure)."""
 
     # streams
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None: ...
@@ -115,18 +173,50 @@ class HivemindTransport:
     """hivemind's DHT (its own process) for records; a replica of its libp2p client, made on the node's loop, for
     streams. Records go under this peer's owned subkey (``owned.py``: ``subkey``, made from the identity the DHT
     was started with); what is read keeps only values under subkeys their peer owns (the others are counted:
-    ``on_unowned``)."""
+    ``on_unowned``). Made by ``join``."""
 
-    def __init__(self, dht, subkey: str, on_unowned: Callable[[int], None] = lambda n: None):
-        self.dht = dht
-        self.peer_id = dht.peer_id.to_base58()
-        self.subkey = subkey
-        self.on_unowned = on_unowned  # told how many values a look-up found under subkeys no peer owns
+    def __init__(self, identity: bytes, initial_peers: list[str], dht_args: dict, bootstrap_timeout_s: float,
+                 fresh_identity: bool):
+        self.identity, self.initial_peers, self.dht_args = identity, initial_peers, dht_args
+        self.bootstrap_timeout_s, self.fresh_identity = bootstrap_timeout_s, fresh_identity
+        _, self.subkey = owned.owned_subkey(identity)
         self.lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
+        self.dht = self._start_dht()
+        self.peer_id = self.dht.peer_id.to_base58()
         self.p2p = None
+
+    @classmethod
+    def join(cls, net: NetConfig, stop: threading.Event | None = None, **changes) -> HivemindTransport:
+        """A DHT started from the run's ``net`` config (``changes``: to its arguments, e.g. ``client_mode=True``),
+        with the identity at ``net.identity_path`` (a fresh one without). A bootstrap started together with this
+        peer (``net.initial_peers_file``) is waited for until it wrote the file, or ``stop`` is set."""
+        peers = list(net.initial_peers)
+        if net.initial_peers_file:
+            peers += wait_for_peers_file(net.initial_peers_file, net.bootstrap_timeout_s, stop or threading.Event())
+        args = dict(host_maddrs=list(net.host_maddrs), announce_maddrs=list(net.announce_maddrs),
+                    loopback=net.loopback, client_mode=net.client_mode, closed_network=net.closed_network,
+                    rpc_timeout_s=net.dht_rpc_timeout_s)
+        args.update(changes)
+        # the libp2p identity: its key signs our DHT records (owned.py); a fresh one unless given
+        identity = owned.load_identity(net.identity_path) if net.identity_path else owned.new_identity()
+        return cls(identity, peers, args, net.bootstrap_timeout_s, fresh_identity=not net.identity_path)
+
+    def _start_dht(self):
+        with owned.identity_file(self.identity) as path:  # the daemon reads it at its start, which this waits for
+            return start_dht(self.initial_peers, self.bootstrap_timeout_s, identity_path=path,
+                             fresh_identity=self.fresh_identity, **self.dht_args)
 
     async def start(self) -> None:
         self.p2p = await self.dht.replicate_p2p()
+
+    @property
+    def client_mode(self) -> bool:
+        return bool(self.dht_args["client_mode"])
+
+    def restart(self, **changes) -> None:
+        shutdown_dht(self.dht)
+        self.dht_args.update(changes)
+        self.dht = self._start_dht()
 
     def alive(self) -> bool:
         return self.dht.is_alive()
@@ -137,9 +227,9 @@ class HivemindTransport:
         with self.lock:  # the request only: other threads' requests go out while this one is answered
             return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=self.subkey, return_future=True)
 
-    def get(self, dht_key: str) -> _Unpacked:
+    def get(self, dht_key: str, on_unowned: Callable[[int], None] = lambda n: None) -> _Unpacked:
         with self.lock:
-            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True), self)
+            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True), on_unowned)
 
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def on_stream(info, reader, writer):
@@ -164,9 +254,14 @@ class HivemindTransport:
             except ValueError:  # hivemind: "No multiaddrs found"
                 return []
 
-    def shutdown(self) -> None:
-        from p2prl.swarm.dht import shutdown_dht
+    def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
+                   timeout_s: float) -> HivemindAllReduce:
+        return HivemindAllReduce(self.dht, prefix, tensor, target_group_size, wait_s, timeout_s)
 
+    def seen_peers(self, timeout_s: float) -> list[peerbook.KnownPeer] | None:
+        return self.dht.run_coroutine(peerbook.seen_in_dht, return_future=True).result(timeout=timeout_s)
+
+    def shutdown(self) -> None:
         shutdown_dht(self.dht)
 
 
@@ -174,28 +269,99 @@ class _Unpacked:
     """A hivemind DHT get's future whose result is the peer id -> value map of owned subkeys (hivemind's futures run
     no done-callbacks of ours, so the map is made as the result is read)."""
 
-    def __init__(self, fut, transport: HivemindTransport):
-        self.fut, self.transport = fut, transport
+    def __init__(self, fut, on_unowned: Callable[[int], None]):
+        self.fut, self.on_unowned = fut, on_unowned
 
     def result(self, timeout: float | None = None) -> dict[str, bytes] | None:
-        from p2prl.swarm.owned import owner_of
-
         found = self.fut.result(timeout=timeout)
         if found is None or not isinstance(found.value, dict):
             return None
         out, unowned = {}, 0
         for sub, v in found.value.items():
-            peer = owner_of(sub)
+            peer = owned.owner_of(sub)
             if peer is None:
                 unowned += 1
             else:
                 out[peer] = v.value
         if unowned:
-            self.transport.on_unowned(unowned)
+            self.on_unowned(unowned)
         return out
 
     def cancel(self) -> bool:
         return self.fut.cancel()
+
+
+def _not_a_failed_step(record: logging.LogRecord) -> bool:
+    """hivemind logs every failed averaging step with a traceback (``DecentralizedAverager._step``) and also
+    sets the failure on the step's future, which the learner reports in one line (``gradient round at vN
+    failed: ...``): the traceback only repeats it, and a round whose partner just left is not an error."""
+    return not (record.funcName == "_step" and record.exc_info)
+
+
+logging.getLogger("hivemind.averaging.averager").addFilter(_not_a_failed_step)
+
+
+def _make_averager_class():
+    import hivemind
+    import torch
+
+    class ExactAverager(hivemind.DecentralizedAverager):
+        """A DecentralizedAverager whose reducers accumulate in float64 (exact for our integers), and whose
+        process ends with the learner that started it, however that learner dies."""
+
+        def __init__(self, *args, **kwargs):
+            self._owner = os.getpid()  # before the base class starts the process
+            super().__init__(*args, **kwargs)
+
+        def run(self):  # runs in the averager's own process
+            exit_with_parent(self._owner)
+            torch.set_default_dtype(torch.float64)
+            super().run()
+
+        def set_round(self, group_bits: str, group_size: int) -> None:
+            """Matchmaking key bits and the group size to stop waiting at, for the next round."""
+            from hivemind.utils.mpfuture import MPFuture
+
+            future = MPFuture()
+            self._outer_pipe.send(("_set_round", [], dict(group_bits=group_bits, group_size=group_size, future=future)))
+            future.result()
+
+        async def _set_round(self, group_bits: str, group_size: int, future) -> None:
+            try:
+                mm = self._matchmaking
+                mm.group_key_manager.group_bits = group_bits
+                mm.target_group_size = mm.potential_leaders.target_group_size = group_size
+                future.set_result(None)
+            except Exception as e:
+                if not future.done():
+                    future.set_exception(e)
+
+    return ExactAverager
+
+
+class HivemindAllReduce:
+    """Rounds over hivemind's ``DecentralizedAverager`` (``averager``: its process accumulates in float64), on a DHT:
+    matchmaking under ``prefix`` and the round's group bits, at least two members."""
+
+    def __init__(self, dht, prefix: str, tensor: torch.Tensor, target_group_size: int, wait_s: float,
+                 timeout_s: float):
+        self.averager = _make_averager_class()(
+            averaged_tensors=[tensor], dht=dht, prefix=prefix, target_group_size=target_group_size, min_group_size=2,
+            min_matchmaking_time=wait_s, request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s,
+            next_chunk_timeout=max(1.0, timeout_s / 4), start=True,
+        )
+        self.peer_id = str(self.averager.peer_id)
+
+    def tensors(self) -> ContextManager[list[torch.Tensor]]:
+        return self.averager.get_tensors()
+
+    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
+        self.averager.set_round(group_bits, group_size)
+        gathered = self.averager.step(gather=gather, weight=weight, timeout=timeout, allow_retries=False)
+        return {str(peer): m for peer, m in (gathered or {}).items()}
+
+    def shutdown(self) -> None:
+        self.averager.shutdown()
 
 
 # ---- in memory ------------------------------------------------------------------------------------
@@ -226,13 +392,16 @@ class _PipeWriter:
 
 
 class MemorySwarm:
-    """Peers of one process: a shared record store and the peers' stream handlers (unit tests)."""
+    """Peers of one process: a shared record store, the peers' stream handlers and their gradient rounds' groups
+    (unit tests)."""
 
     def __init__(self, clock: Callable[[], float] = time.time):
         self.clock = clock
         self.lock = threading.Lock()
         self.records: dict[str, dict[str, tuple[bytes, float]]] = {}  # key -> peer id -> (value, expires)
         self.handlers: dict[tuple[str, str], tuple[StreamHandler, asyncio.AbstractEventLoop]] = {}
+        self.rounds = threading.Condition()
+        self.groups: dict[str, _MemoryGroup] = {}  # prefix/group bits -> the group open there
 
     def transport(self) -> MemoryTransport:
         """A new peer of this swarm."""
@@ -242,6 +411,11 @@ class MemorySwarm:
 class MemoryTransport:
     def __init__(self, swarm: MemorySwarm, peer_id: str):
         self.swarm, self.peer_id, self.up = swarm, peer_id, True
+        self.initial_peers: list[str] = []  # nobody to join through: the run's scope is unknown (no dial-back check)
+        self.client_mode = False
+
+    def restart(self, client_mode: bool = False) -> None:
+        self.client_mode = client_mode
 
     def alive(self) -> bool:
         return self.up
@@ -251,8 +425,8 @@ class MemoryTransport:
             self.swarm.records.setdefault(dht_key, {})[self.peer_id] = (bytes(value), self.swarm.clock() + ttl)
         return _done(True)
 
-    def get(self, dht_key: str) -> concurrent.futures.Future:
-        now = self.swarm.clock()
+    def get(self, dht_key: str, on_unowned: Callable[[int], None] = lambda n: None) -> concurrent.futures.Future:
+        now = self.swarm.clock()  # every value is its peer's own here
         with self.swarm.lock:
             found = {sub: v for sub, (v, until) in self.swarm.records.get(dht_key, {}).items() if until > now}
         return _done(found)
@@ -291,8 +465,85 @@ class MemoryTransport:
     def visible_maddrs(self) -> list[str]:
         return [f"/memory/p2p/{self.peer_id}"]
 
+    def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
+                   timeout_s: float) -> MemoryAllReduce:
+        return MemoryAllReduce(self.swarm, self.peer_id, prefix, tensor, wait_s)
+
+    def seen_peers(self, timeout_s: float) -> None:
+        return None  # no addresses to dial again
+
     def shutdown(self) -> None:
         self.up = False
+
+
+class _MemoryGroup:
+    """A round's group forming under one key: members' (tensor, weight, metadata), closed once full or, with at
+    least two members, ``wait_s`` after it opened; then ``gathered`` holds every member's metadata and ``mean`` the
+    weighted mean."""
+
+    def __init__(self, size: int, wait_s: float):
+        self.size, self.until = size, time.monotonic() + wait_s
+        self.members: dict[str, tuple[torch.Tensor, float, bytes]] = {}
+        self.gathered: dict[str, Any] | None = None
+        self.mean: torch.Tensor | None = None
+
+    def close(self) -> None:
+        """Sum the members' tensors weighted, in float64, in peer id order; divide by the total weight (every member
+        gets these same bits)."""
+        total = sum(w for _, w, _ in self.members.values())
+        acc = None
+        for peer in sorted(self.members):
+            t, w, _ = self.members[peer]
+            acc = t * w if acc is None else acc.add_(t * w)
+        self.mean = acc.div_(total) if total > 0 else acc
+        self.gathered = {p: msgpack.unpackb(m) for p, (_, _, m) in sorted(self.members.items())}
+
+
+class MemoryAllReduce:
+    """Rounds between peers of a ``MemorySwarm``: those that step under the same prefix and group bits meet in one
+    group (``_MemoryGroup``), which closes at the step's group size or, with at least two members, ``wait_s`` after
+    its first member came; a member left alone until its step's timeout leaves and fails, as in hivemind."""
+
+    def __init__(self, swarm: MemorySwarm, peer_id: str, prefix: str, tensor: torch.Tensor, wait_s: float):
+        self.swarm, self.peer_id, self.prefix, self.tensor, self.wait_s = swarm, peer_id, prefix, tensor, wait_s
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def tensors(self) -> Iterator[list[torch.Tensor]]:
+        with self.lock:
+            yield [self.tensor]
+
+    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
+        import torch
+
+        key, deadline = f"{self.prefix}/{group_bits}", time.monotonic() + timeout
+        with self.lock:
+            mine = (self.tensor.to(torch.float64, copy=True), float(weight), msgpack.packb(gather))
+        with self.swarm.rounds:
+            group = self.swarm.groups.get(key)
+            if group is None or group.gathered is not None:
+                group = self.swarm.groups[key] = _MemoryGroup(group_size, self.wait_s)
+            group.members[self.peer_id] = mine
+            while group.gathered is None:
+                now = time.monotonic()
+                if len(group.members) >= group.size or len(group.members) >= 2 and now >= group.until:
+                    group.close()
+                    self.swarm.rounds.notify_all()
+                    break
+                if now >= deadline:
+                    del group.members[self.peer_id]
+                    if not group.members and self.swarm.groups.get(key) is group:
+                        del self.swarm.groups[key]
+                    raise TimeoutError(f"no group within {timeout:.1f} s")
+                self.swarm.rounds.wait((min(group.until, deadline) if now < group.until else deadline) - now)
+            if self.swarm.groups.get(key) is group:
+                del self.swarm.groups[key]
+        with self.lock:
+            self.tensor.copy_(group.mean)
+        return group.gathered
+
+    def shutdown(self) -> None:
+        pass
 
 
 def _done(value) -> concurrent.futures.Future:

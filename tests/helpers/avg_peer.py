@@ -29,15 +29,16 @@ from p2prl.algo.robust import Rule
 from p2prl.swarm.averaging import GradientRounds, RoundFailed, encode, group_bits
 from p2prl.config import NetConfig
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 
 def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) -> None:
     from hivemind.averaging.control import AveragingStage
 
-    with rounds.averager.get_tensors() as tensors:
+    with rounds.allreduce.averager.get_tensors() as tensors:
         tensors[0].copy_(encode(grad, 12345)[0])
-    rounds.averager.set_round(group_bits(7), rounds.max_group)
-    control = rounds.averager.step(gather={"version": 7, "sha256": "ab" * 32, "weight": weight, "marker": 12345, "groups": []},
+    rounds.allreduce.averager.set_round(group_bits(7), rounds.max_group)
+    control = rounds.allreduce.averager.step(gather={"version": 7, "sha256": "ab" * 32, "weight": weight, "marker": 12345, "groups": []},
                                    weight=float(weight), timeout=20, allow_retries=False, wait=False)
     while control.stage != AveragingStage.RUNNING_ALLREDUCE:
         threading.Event().wait(0.001)
@@ -87,7 +88,8 @@ def scenarios(out: Path, name: str, node: SwarmNode, n: int, grad: torch.Tensor,
 def main() -> None:
     out, name, seed, weight, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     peers = [a for a in sys.argv[6:7] if not a.startswith("--")]
-    node = SwarmNode(NetConfig(run_id="test", initial_peers=peers, loopback=True, rpc_timeout_s=20), "learner")
+    net = NetConfig(run_id="test", initial_peers=peers, loopback=True, rpc_timeout_s=20)
+    node = SwarmNode(net, "learner", HivemindTransport.join(net))
     (out / f"{name}.maddr").write_text(node.visible_maddrs()[0])
     spec = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--scenarios=")), None)
     if spec:

@@ -25,6 +25,7 @@ from p2prl.rollout.record import encode_group
 from p2prl.sampler.loop import Sampler
 from p2prl.swarm.node import Refused, SwarmNode, wait_until
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, unpack_map
+from p2prl.swarm.transport import HivemindTransport
 
 mode = sys.argv[1] if sys.argv[1] in ("inject", "greedy") else "shift"
 args = sys.argv[2:] if mode != "shift" else sys.argv[1:]
@@ -53,10 +54,10 @@ def injected(g, policy, task):
     return g
 log = logging.getLogger("forger")
 stop = threading.Event()
-node = SwarmNode(cfg.net, "sampler", stop)
+node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop)
 try:
     sampler = Sampler(cfg, node)
-    learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
+    learner = wait_until(lambda: node.records.peers("learner"), "a learner", log, stop)[0].peer_id
     wait_until(lambda: (sampler.maybe_sync(), sampler.core.weights_sha256)[1], "a policy version", log, stop)
     if mode == "greedy":
         top_k, sampler.core.cfg.sampling.top_k = sampler.core.cfg.sampling.top_k, 1

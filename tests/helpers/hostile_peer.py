@@ -20,18 +20,20 @@ from p2prl.rollout.verify import assigned_prompt_id
 from p2prl.swarm.dht import new_record
 from p2prl.swarm.node import SwarmNode, wait_until
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks.addition import AdditionTask
 
 maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])
 mode = sys.argv[4] if len(sys.argv) > 4 else "cases"
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10), "sampler")
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10)
+node = SwarmNode(net, "sampler", HivemindTransport.join(net))
 stop = threading.Event()
 import logging
 
 log = logging.getLogger("hostile")
 try:
-    learner = wait_until(lambda: node.peers("learner"), "a learner", log, stop)[0].peer_id
-    _, rec = wait_until(lambda: (p := node.latest_policy()) and p[1].version >= min_version and p, "a newer version", log, stop)
+    learner = wait_until(lambda: node.records.peers("learner"), "a learner", log, stop)[0].peer_id
+    _, rec = wait_until(lambda: (p := node.records.latest_policy()) and p[1].version >= min_version and p, "a newer version", log, stop)
     tok = load_policy("builtin").tokenizer
     task = AdditionTask()
     n = 0
@@ -88,7 +90,7 @@ try:
         print(json.dumps(replies), flush=True)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:  # a live sampler of session "h", reporting no group unsent
-            node.announce(new_record("sampler", run_id, node.peer_id, policy_version=rec.version, throughput=0.0,
+            node.records.announce(new_record("sampler", run_id, node.peer_id, policy_version=rec.version, throughput=0.0,
                                      queue_depth=0, session="h", unread=0))
             time.sleep(1)
         sys.exit(0)

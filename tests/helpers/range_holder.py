@@ -24,12 +24,14 @@ from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode, read_frame
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, WeightsRequest
 from p2prl.swarm.protocol import OK, WeightStore, weights_handler
+from p2prl.swarm.transport import HivemindTransport
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 info, size, mode = Path(sys.argv[1]), int(float(sys.argv[2]) * 2**20), sys.argv[3]
 peers = sys.argv[4:5]
 blob = random.Random(0).randbytes(size)
-node = SwarmNode(NetConfig(run_id="ranges", loopback=True, rpc_timeout_s=10, initial_peers=peers), "sampler")
+net = NetConfig(run_id="ranges", loopback=True, rpc_timeout_s=10, initial_peers=peers)
+node = SwarmNode(net, "sampler", HivemindTransport.join(net))
 node.limits = PeerLimits(TrustConfig())
 store = WeightStore(keep=1, max_uploads_per_version=4)
 store.add(1, hashlib.sha256(blob).hexdigest(), blob)

@@ -32,11 +32,12 @@ from p2prl.swarm.node import read_frame, write_frame
 from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, Bounds, RolloutsRequest, pack, unpack_map
 from p2prl.swarm.protocol import OK
+from p2prl.swarm.transport import HivemindTransport
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
 older_record = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1,
-                           identity_path=identity), "learner")
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=5, heartbeat_s=1, identity_path=identity)
+node = SwarmNode(net, "learner", HivemindTransport.join(net))
 counts: Counter[str] = Counter()
 blob = secrets.token_bytes(4096)  # "weights": nobody who fetches them could use them, and we would know
 me = a.LearnerKey.load(identity)
@@ -76,11 +77,11 @@ node.serve("acks", on_acks)
 node.serve("weights", on_weights)
 try:
     while True:
-        counts["announced"] += node.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
+        counts["announced"] += node.records.announce(new_record("learner", run_id, node.peer_id, policy_version=200,
                                                         throughput=1000.0, queue_depth=0))
-        counts["policy_stored"] += node._store(key(run_id, "policy"), forged.encode(), 3)
-        counts["run_record_stored"] += node._store(key(run_id, "authority"), run_record,
-                                                   owned.MAX_TTL_S - 60 if older_record else 3)
+        counts["policy_stored"] += node.records._store(key(run_id, "policy"), forged.encode(), 3)
+        counts["run_record_stored"] += node.records._store(key(run_id, "authority"), run_record,
+                                                           owned.MAX_TTL_S - 60 if older_record else 3)
         if older_record:
             found = node.transport.dht.get(key(run_id, "authority"), latest=True)
             for sub in (found.value if found is not None else {}):
@@ -88,7 +89,7 @@ try:
                     stored = node.transport.dht.store(key(run_id, "authority"), run_record, get_dht_time() + 365 * 86400,
                                                       subkey=sub)
                     counts["pin_stored" if stored else "pin_refused"] += 1
-        for learner in [r.peer_id for r in node.peers("learner") if r.peer_id != node.peer_id]:
+        for learner in [r.peer_id for r in node.records.peers("learner") if r.peer_id != node.peer_id]:
             for proto in ("state", "hello"):
                 try:
                     node.request(learner, proto, pack({}), 1 << 30, timeout_s=5)

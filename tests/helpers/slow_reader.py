@@ -20,6 +20,7 @@ from p2prl.swarm.limits import PeerLimits
 from p2prl.swarm.node import SwarmNode
 from p2prl.swarm.messages import pack
 from p2prl.swarm.protocol import WeightStore, weights_handler
+from p2prl.swarm.transport import HivemindTransport
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 mode, info = sys.argv[1], Path(sys.argv[2])
@@ -27,7 +28,8 @@ mode, info = sys.argv[1], Path(sys.argv[2])
 if mode == "serve":
     size, min_mbps = int(float(sys.argv[3]) * 2**20), float(sys.argv[4])
     blob = os.urandom(size)
-    node = SwarmNode(NetConfig(run_id="slow", loopback=True, rpc_timeout_s=2), "learner")
+    net = NetConfig(run_id="slow", loopback=True, rpc_timeout_s=2)
+    node = SwarmNode(net, "learner", HivemindTransport.join(net))
     node.limits = PeerLimits(TrustConfig())
     try:
         store = WeightStore(keep=1, max_uploads_per_version=1)
@@ -43,7 +45,8 @@ if mode == "serve":
 elif mode == "read":
     rate = float(sys.argv[3]) * 1024
     server = json.loads(info.read_text())
-    node = SwarmNode(NetConfig(run_id="slow", loopback=True, rpc_timeout_s=10, initial_peers=[server["maddr"]]), "sampler")
+    net = NetConfig(run_id="slow", loopback=True, rpc_timeout_s=10, initial_peers=[server["maddr"]])
+    node = SwarmNode(net, "sampler", HivemindTransport.join(net))
 
     async def slow_fetch():
         from hivemind.p2p import PeerID

@@ -39,13 +39,14 @@ from concurrent.futures import ThreadPoolExecutor
 from p2prl.config import NetConfig
 from p2prl.swarm.node import Refused, SwarmNode, read_frame, refused_reason, wait_until, write_frame
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.swarm.transport import HivemindTransport
 
 log = logging.getLogger("trust_peer")
 mode, maddr, run_id = sys.argv[1:4]
 stop = threading.Event()
 identity = sys.argv[4] if mode in ("offend", "probe") else ""
-node = SwarmNode(NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10,
-                           identity_path=identity), "sampler", stop)
+net = NetConfig(run_id=run_id, initial_peers=[maddr], loopback=True, rpc_timeout_s=10, identity_path=identity)
+node = SwarmNode(net, "sampler", HivemindTransport.join(net, stop), stop)
 TIMEOUT_S = 10.0  # every request of the async modes, opening included
 HOLD_S = 60.0  # a partial header waits this long at most for the learner to cut it
 PROTOCOLS = ("rollout", "rollouts", "acks", "state", "weights", "hello")  # what a learner serves
@@ -185,7 +186,7 @@ async def flood_many(learner: str, seconds: float, ids: int, workers: int, proto
 
 
 async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, protos: list[str]) -> dict:
-    _, rec = await asyncio.to_thread(wait_until, node.latest_policy, "a policy", log, stop)
+    _, rec = await asyncio.to_thread(wait_until, node.records.latest_policy, "a policy", log, stop)
     counts, cuts = Counter(), []
     t0 = time.time()
     end = t0 + seconds
@@ -219,7 +220,7 @@ async def flood_with(p2ps: list, learner: str, seconds: float, workers: int, pro
     async def newest() -> None:  # forged groups name the newest version (older ones are refused as stale, cheaply);
         # a flood of a number of requests (SECONDS <= 0) keeps the version found at its start
         while time.time() < end:
-            got = await asyncio.to_thread(node.latest_policy)
+            got = await asyncio.to_thread(node.records.latest_policy)
             if got is not None:
                 NEWEST[0] = got[1]
             await asyncio.sleep(0.5)
@@ -274,7 +275,7 @@ try:
         policy, task = load_policy(cfg.model.path, cfg.model), make_task(cfg.task)
         FORGE.update(cfg=cfg, task=task, counters={}, verifier=Verifier(
             task, policy.tokenizer, policy.vocab_size, run_id, cfg.sampling.group_size, cfg.sampling.max_new_tokens))
-    learners = wait_until(lambda: node.peers("learner"), "a learner", log, stop)
+    learners = wait_until(lambda: node.records.peers("learner"), "a learner", log, stop)
     if mode == "offend":
         learner = learners[0].peer_id
         print(json.dumps([send(learner) for _ in range(int(sys.argv[5]) + 3)]), flush=True)
@@ -282,7 +283,7 @@ try:
         print(json.dumps({r.peer_id[-6:]: send(r.peer_id) for r in learners}), flush=True)
     elif mode == "flood":
         seconds, workers = float(sys.argv[4]), int(sys.argv[5])
-        _, rec = wait_until(node.latest_policy, "a policy", log, stop)
+        _, rec = wait_until(node.records.latest_policy, "a policy", log, stop)
         learner = learners[0].peer_id
         counts: Counter[str] = Counter()
         lock = threading.Lock()

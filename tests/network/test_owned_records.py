@@ -15,6 +15,7 @@ from p2prl.config import NetConfig
 from p2prl.swarm import owned
 from p2prl.swarm.dht import PolicyRecord, dht_kwargs, key, new_record, shutdown_dht
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 
@@ -24,16 +25,16 @@ YEAR = 365 * 86400.0
 def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
     maddr = peers.bootstrap()
     cfg = NetConfig(run_id="owned", loopback=True, rpc_timeout_s=10, initial_peers=[maddr])
-    learner = SwarmNode(cfg, "learner")
-    reader = SwarmNode(cfg, "sampler")
-    stranger = SwarmNode(cfg, "sampler")
+    learner = SwarmNode(cfg, "learner", HivemindTransport.join(cfg))
+    reader = SwarmNode(cfg, "sampler", HivemindTransport.join(cfg))
+    stranger = SwarmNode(cfg, "sampler", HivemindTransport.join(cfg))
     rogue = None
     try:
         v1 = PolicyRecord(version=1, sha256="11" * 32, size=1)
-        assert learner.announce(new_record("learner", "owned", learner.peer_id, policy_version=1, throughput=1.0,
+        assert learner.records.announce(new_record("learner", "owned", learner.peer_id, policy_version=1, throughput=1.0,
                                            queue_depth=0))
-        learner.publish_policy(v1)
-        wait_for(lambda: reader.latest_policy() == (learner.peer_id, v1), 30, "the learner's v1 in the DHT")
+        learner.records.publish_policy(v1)
+        wait_for(lambda: reader.records.latest_policy() == (learner.peer_id, v1), 30, "the learner's v1 in the DHT")
 
         junk_policy = PolicyRecord(version=10**6, sha256="ee" * 32, size=1).encode()
         junk_peer = new_record("learner", "owned", learner.peer_id, policy_version=10**6, throughput=1e9,
@@ -58,12 +59,12 @@ def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
             rogue.store(k, junk[:32], get_dht_time() + 60, subkey=learner.peer_id.encode())
 
         v2 = PolicyRecord(version=2, sha256="22" * 32, size=1)
-        learner.publish_policy(v2)  # a later, shorter expiration than the junk's still replaces v1
-        wait_for(lambda: reader.latest_policy() == (learner.peer_id, v2), 30, "the learner's v2 in the DHT")
-        recs = reader.peers("learner")
+        learner.records.publish_policy(v2)  # a later, shorter expiration than the junk's still replaces v1
+        wait_for(lambda: reader.records.latest_policy() == (learner.peer_id, v2), 30, "the learner's v2 in the DHT")
+        recs = reader.records.peers("learner")
         assert [(r.peer_id, r.policy_version) for r in recs] == [(learner.peer_id, 1)]
         assert reader.trust.counts["untrusted/unowned_record"] >= 1  # the bytes-subkey junk: nobody's, counted
-        assert reader.dht_errors == 0 and learner.dht_errors == 0
+        assert reader.records.dht_errors == 0 and learner.records.dht_errors == 0
         # a subkey's records are its owner's: the reader maps them to the learner's peer id, and no other
         assert owned.owner_of(subkey) == learner.peer_id
     finally:

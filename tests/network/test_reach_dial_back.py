@@ -9,11 +9,13 @@ from p2prl.config import NetConfig
 from p2prl.swarm import reach
 from p2prl.swarm.dht import BootstrapError, start_dht
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 
 def test_a_reachable_peer_is_found_reachable_and_a_closed_port_is_not(peers):
     maddr = peers.bootstrap()
-    node = SwarmNode(NetConfig(run_id="reach", loopback=True, initial_peers=[maddr]), "sampler")
+    net = NetConfig(run_id="reach", loopback=True, initial_peers=[maddr])
+    node = SwarmNode(net, "sampler", HivemindTransport.join(net))
     try:
         assert node.reach is None  # a loopback peer is not checked at start
         own = node.visible_maddrs()[0].split("/p2p/")[0]
@@ -27,7 +29,7 @@ def test_a_reachable_peer_is_found_reachable_and_a_closed_port_is_not(peers):
 
         closed = reach.free_port("127.0.0.1")  # nothing listens there: the dial back is refused
         checker = reach.maddr_peer(maddr)
-        v = node.run(reach.check(node.transport.p2p, [checker], [], [closed]), timeout=40)
+        v = node.run(reach.check(node.transport.open_stream, [checker], [], [closed]), timeout=40)
         assert v.reachable is None and v.errors == [f"{maddr[-6:]}: limited"]  # still limited
     finally:
         node.shutdown()
@@ -35,10 +37,11 @@ def test_a_reachable_peer_is_found_reachable_and_a_closed_port_is_not(peers):
 
 def test_a_port_nobody_listens_on_is_not_reachable(peers):
     maddr = peers.bootstrap()
-    node = SwarmNode(NetConfig(run_id="reach", loopback=True, initial_peers=[maddr]), "learner")
+    net = NetConfig(run_id="reach", loopback=True, initial_peers=[maddr])
+    node = SwarmNode(net, "learner", HivemindTransport.join(net))
     try:
         closed = reach.free_port("127.0.0.1")
-        v = node.run(reach.check(node.transport.p2p, [reach.maddr_peer(maddr)], [], [closed]), timeout=40)
+        v = node.run(reach.check(node.transport.open_stream, [reach.maddr_peer(maddr)], [], [closed]), timeout=40)
         assert v.reachable is False and v.ok == [] and v.tried == [f"/ip4/127.0.0.1/tcp/{closed}"], v
         d = reach.decide(v, "learner", node.visible_maddrs(), closed)
         assert d.action == "refuse" and f"--announce-maddrs /ip4/127.0.0.1/tcp/{closed}" in d.fix

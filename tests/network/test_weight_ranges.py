@@ -13,6 +13,7 @@ from p2prl.config import NetConfig
 from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.fetch import MIN_SPLIT, fetch_weights
 from p2prl.swarm.node import SwarmNode
+from p2prl.swarm.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 
@@ -34,7 +35,8 @@ def test_ranges_from_two_holders_survive_a_busy_one_and_one_dying_mid_range(peer
     blob = random.Random(0).randbytes(SIZE_MB << 20)
     rec = PolicyRecord(version=1, sha256=hashlib.sha256(blob).hexdigest(), size=len(blob))
     assert a["sha256"] == b["sha256"] == c["sha256"] == rec.sha256 and rec.size >= MIN_SPLIT
-    node = SwarmNode(NetConfig(run_id="ranges", loopback=True, rpc_timeout_s=10, initial_peers=[a["maddr"]]), "sampler")
+    net = NetConfig(run_id="ranges", loopback=True, rpc_timeout_s=10, initial_peers=[a["maddr"]])
+    node = SwarmNode(net, "sampler", HivemindTransport.join(net))
     try:
         both = fetch_weights(node, [a["peer_id"], c["peer_id"]], rec, 2)  # c answers busy: a serves both ranges
         assert bytes(both.blob) == blob and both.holders == [a["peer_id"]] and both.bad_hashes == 0

@@ -238,6 +238,10 @@ class FakeNode:
         self.sent: list[tuple[str, bytes, Future]] = []
         self.trust, self.peer_id = Trust("", "test"), "S"
 
+    @property
+    def records(self):  # its records, faked in the same object
+        return self
+
     def call_async(self, peer, name, request, bounds=None, timeout_s=None):
         if name == "acks":
             f = WireFuture(AcksReply)
@@ -385,13 +389,13 @@ def test_groups_a_learner_holds_go_elsewhere_only_after_it_fails_again_and_again
 
 def test_a_failed_learner_look_up_does_not_forget_the_learners():
     s = fake_sampler(0)
-    s.node.dht_errors, known = 0, s.learners
-    s.node.refresh_trust = s.node.announce = lambda *a: None
-    s.node.peers = lambda role: (setattr(s.node, "dht_errors", s.node.dht_errors + 1), [])[1]  # the get failed
+    s.node.records.dht_errors, known = 0, s.learners
+    s.node.records.refresh_trust = s.node.records.announce = lambda *a: None
+    s.node.records.peers = lambda role: (setattr(s.node.records, "dht_errors", s.node.records.dht_errors + 1), [])[1]  # the get failed
     s.core.version, s.cfg.net.run_id, s.node.peer_id = 0, "test", "S"
     s.heartbeat()
     assert s.learners == known
-    s.node.peers = lambda role: []  # a look-up that worked and found none: they are gone
+    s.node.records.peers = lambda role: []  # a look-up that worked and found none: they are gone
     s.heartbeat()
     assert s.learners == []
 
@@ -399,12 +403,12 @@ def test_a_failed_learner_look_up_does_not_forget_the_learners():
 def test_the_learners_found_while_waiting_for_the_run_are_kept_for_the_first_sends():
     s = fake_sampler(0)
     s.learners, found = [], s.learners
-    s.node.peers = lambda role: found if role == "learner" else []
-    s.node.latest_policy, s.node.run_configs = lambda: None, lambda: {"L1": object()}
+    s.node.records.peers = lambda role: found if role == "learner" else []
+    s.node.records.latest_policy, s.node.records.run_configs = lambda: None, lambda: {"L1": object()}
     assert not s.run_started() and s.learners == found  # no policy yet, but the learner is known from now on
-    s.node.latest_policy = lambda: ("L1", object())
+    s.node.records.latest_policy = lambda: ("L1", object())
     assert s.run_started()
-    s.node.peers = lambda role: []  # a look-up that found nobody leaves the known learners to the heartbeat
+    s.node.records.peers = lambda role: []  # a look-up that found nobody leaves the known learners to the heartbeat
     assert not s.run_started() and s.learners == found
 
 
@@ -447,8 +451,8 @@ def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(mon
     s.cfg = load_config(None, ["net.client_mode=true"])  # serves nobody: nothing to announce
     rec = PolicyRecord.decode(policy(6))
     calls, fetched_from = [], []
-    s.node.latest_policy = lambda: calls.append("latest") or ("L2", rec)
-    s.node.holders = lambda r: calls.append("holders") or ["S2"]
+    s.node.records.latest_policy = lambda: calls.append("latest") or ("L2", rec)
+    s.node.records.holders = lambda r: calls.append("holders") or ["S2"]
     monkeypatch.setattr("p2prl.sampler.loop.fetch_weights", lambda node, holders, r, parallel: fetched_from.append(
         list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1]))
     s.link.rtts["L1"] = 1.5  # far

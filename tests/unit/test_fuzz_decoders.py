@@ -221,6 +221,10 @@ class ReplyNode:
     def __init__(self, reply: bytes):
         self.reply = reply
 
+    @property
+    def records(self):  # its records, faked in the same object
+        return self
+
     def call(self, *a, **k):
         return HelloReply.decode(self.reply)
 

@@ -27,6 +27,10 @@ class RunNode:
         self.learners = [SimpleNamespace(peer_id=p, policy_version=v) for p, v in learners]
         self.policy, self.configs, self.appear_after, self.lookups = policy, configs or {}, appear_after, 0
 
+    @property
+    def records(self):  # its records, faked in the same object
+        return self
+
     def peers(self, role):
         assert role == "learner"
         self.lookups += 1

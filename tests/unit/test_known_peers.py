@@ -2,7 +2,6 @@
 start besides the initial peers, and the keeper that writes it while the peer runs."""
 
 import asyncio
-import concurrent.futures
 import logging
 from types import SimpleNamespace
 
@@ -57,28 +56,26 @@ def test_a_peer_starts_with_its_initial_peers_and_its_book(tmp_path, caplog):
     assert peerbook.known_initial_peers(NetConfig(initial_peers=[BOOT]), "") == [BOOT]
 
 
-class _FakeDHT:
-    def __init__(self, seen):
-        self.seen, self.peer_id = seen, SimpleNamespace(to_base58=lambda: C)
+class _FakeSource:
+    """A transport's peer book capability (``seen_peers``), as peer ``C``."""
 
-    def run_coroutine(self, fn, return_future=False):
-        fut = concurrent.futures.Future()
-        fut.set_result(self.seen)
-        return fut
+    def __init__(self, seen):
+        self.seen, self.peer_id = seen, C
+
+    def seen_peers(self, timeout_s):
+        return self.seen
 
 
 def test_keeper_writes_the_peers_seen_and_once_more_at_close(tmp_path):
     path = tmp_path / "s.peers.json"
     seen = [KnownPeer(A, ("/ip4/127.0.0.1/tcp/4001",), 10.0), KnownPeer(C, ("/ip4/127.0.0.1/tcp/4002",), 10.0)]
-    dht = {"now": None}
-    keeper = peerbook.Keeper(str(path), lambda: dht["now"], first_s=3600, period_s=3600)
-    keeper.close()  # no DHT (another transport, or not up): nothing written
+    keeper = peerbook.Keeper(str(path), _FakeSource(None), first_s=3600, period_s=3600)
+    keeper.close()  # no peers to tell (the in-memory transport, or not up): nothing written
     assert not path.exists()
-    dht["now"] = _FakeDHT(seen)
-    keeper = peerbook.Keeper(str(path), lambda: dht["now"], first_s=3600, period_s=3600)
+    keeper = peerbook.Keeper(str(path), _FakeSource(seen), first_s=3600, period_s=3600)
     keeper.close()
     assert [p.peer_id for p in peerbook.load(str(path))] == [A]  # itself left out
-    keeper = peerbook.Keeper("", lambda: dht["now"])  # no book: no thread, nothing written
+    keeper = peerbook.Keeper("", _FakeSource(seen))  # no book: no thread, nothing written
     keeper.close()
     assert not keeper.thread.is_alive()
 
@@ -91,8 +88,8 @@ def test_a_stopped_p2pd_reads_as_no_peers_and_leaves_the_book_alone(tmp_path):
 
     node = SimpleNamespace(protocol=SimpleNamespace(routing_table=SimpleNamespace(uid_to_peer_id={})),
                            p2p=SimpleNamespace(_client=SimpleNamespace(list_peers=gone)))
-    assert asyncio.run(peerbook._seen(None, node)) is None
+    assert asyncio.run(peerbook.seen_in_dht(None, node)) is None
     path = tmp_path / "s.peers.json"
-    keeper = peerbook.Keeper(str(path), lambda: _FakeDHT(None), first_s=3600, period_s=3600)
+    keeper = peerbook.Keeper(str(path), _FakeSource(None), first_s=3600, period_s=3600)
     keeper.close()
     assert not path.exists()

@@ -10,6 +10,10 @@
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
   (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
+* Nothing reaches past the transport seam: outside ``p2prl/swarm/transport.py`` (and ``dht.py``,
+  which starts hivemind), no module touches a transport's hivemind objects (``transport.dht``,
+  ``node.transport.p2p``) or looks them up by name (``getattr(x, "dht")``); the roles use the
+  transport's capabilities instead.
 """
 
 from __future__ import annotations
@@ -151,6 +155,29 @@ def private_uses() -> list[str]:
     return found
 
 
+HIVEMIND_OBJECTS = {"dht", "p2p"}  # a HivemindTransport's own
+NETWORK_MODULES = {"p2prl.swarm.transport", "p2prl.swarm.dht"}
+
+
+def transport_internals() -> list[str]:
+    """``module:line: what`` for every use of a transport's hivemind objects outside ``NETWORK_MODULES``."""
+    found = []
+    for name, (_, tree) in MODULES.items():
+        if name in NETWORK_MODULES:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in HIVEMIND_OBJECTS:
+                owner = node.value
+                if (isinstance(owner, ast.Name) and owner.id == "transport"
+                        or isinstance(owner, ast.Attribute) and owner.attr == "transport"):
+                    found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+                  and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+                  and node.args[1].value in HIVEMIND_OBJECTS):
+                found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
 def test_the_checks_see_the_package():
     assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.launch.procs", "p2prl.algo"} <= set(MODULES)
     graph = import_graph()
@@ -178,6 +205,17 @@ def test_the_checks_can_fail():
         assert sorted(u for u in private_uses() if u.startswith("p2prl._layout_probe")) == [
             "p2prl._layout_probe:2: imports _x from p2prl.launch.procs",
             "p2prl._layout_probe:3: uses p2prl.config._y",
+        ]
+    finally:
+        del MODULES["p2prl._layout_probe"]
+    tree = ast.parse("node.transport.dht.get(k)\ntransport.p2p\ngetattr(node.transport, 'dht', None)\n"
+                     "node.p2p\nself.transport.store(k)\n")
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
+    try:
+        assert sorted(u for u in transport_internals() if u.startswith("p2prl._layout_probe")) == [
+            "p2prl._layout_probe:1: node.transport.dht",
+            "p2prl._layout_probe:2: transport.p2p",
+            "p2prl._layout_probe:3: getattr(node.transport, 'dht', None)",
         ]
     finally:
         del MODULES["p2prl._layout_probe"]
@@ -209,3 +247,8 @@ def test_no_import_cycles_through_lazy_imports():
 def test_no_module_uses_another_modules_private_names():
     found = private_uses()
     assert not found, "private names used across p2prl modules:\n  " + "\n  ".join(found)
+
+
+def test_nothing_reaches_past_the_transport_seam():
+    found = transport_internals()
+    assert not found, "a transport's hivemind objects used outside transport.py:\n  " + "\n  ".join(found)

@@ -289,9 +289,9 @@ def test_the_gate_cuts_a_partial_header_counts_it_and_pauses_its_peer():
 
     swarm = MemorySwarm()
     cfg = load_config(None, ["net.run_id=mem", "trust.frame_timeout_s=0.3"])
-    a = SwarmNode(cfg.net, "learner", transport=swarm.transport(), reputation=Reputation(cfg.trust),
+    a = SwarmNode(cfg.net, "learner", swarm.transport(), reputation=Reputation(cfg.trust),
                   limits=PeerLimits(cfg.trust))
-    b = SwarmNode(cfg.net, "sampler", transport=swarm.transport())
+    b = SwarmNode(cfg.net, "sampler", swarm.transport())
     try:
         async def echo(peer, reader, writer):
             await write_frame(writer, await read_frame(reader, 100))

@@ -23,12 +23,12 @@ FAST = ["net.run_id=mem", "net.heartbeat_s=0.5", "net.poll_s=0.1", "net.rpc_time
 def test_memory_nodes_share_records_and_streams_through_the_gate():
     swarm = MemorySwarm()
     cfg = load_config(None, FAST).net
-    a = SwarmNode(cfg, "learner", transport=swarm.transport(), reputation=Reputation(load_config(None, []).trust))
-    b = SwarmNode(cfg, "sampler", transport=swarm.transport())
+    a = SwarmNode(cfg, "learner", swarm.transport(), reputation=Reputation(load_config(None, []).trust))
+    b = SwarmNode(cfg, "sampler", swarm.transport())
     try:
         rec = PolicyRecord(version=3, sha256="ab" * 32, size=10)
-        a.publish_policy(rec)
-        assert b.latest_policy() == (a.peer_id, rec) and b.holders(rec) == [a.peer_id]
+        a.records.publish_policy(rec)
+        assert b.records.latest_policy() == (a.peer_id, rec) and b.records.holders(rec) == [a.peer_id]
 
         async def echo(peer, reader, writer):
             from p2prl.swarm.node import read_frame, write_frame
@@ -58,9 +58,9 @@ def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowle
     swarm = MemorySwarm()
     cfg = load_config(None, [*FAST, f"train.out_dir={tmp_path}", "train.steps=1000"])
     stop, sampler_stop = threading.Event(), threading.Event()
-    learner_node = SwarmNode(cfg.net, "learner", stop, transport=swarm.transport(),
+    learner_node = SwarmNode(cfg.net, "learner", swarm.transport(), stop,
                              reputation=Reputation(cfg.trust), limits=PeerLimits(cfg.trust))
-    sampler_node = SwarmNode(cfg.net, "sampler", sampler_stop, transport=swarm.transport())
+    sampler_node = SwarmNode(cfg.net, "sampler", swarm.transport(), sampler_stop)
     learner = Learner(cfg, learner_node)
     sampler = Sampler(cfg, sampler_node)
     summary = {}
@@ -94,17 +94,18 @@ def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
     trust = Trust("ab" * 16, "mem", None, LearnerKey.load(str(tmp_path / "learner.id")))
     transport = MemorySwarm().transport()  # a peer id of its own
     with pytest.raises(TrustError, match="is not this node's identity"):
-        SwarmNode(load_config(None, FAST).net, "learner", transport=transport, trust=trust)
+        SwarmNode(load_config(None, FAST).net, "learner", transport, trust=trust)
     assert not transport.alive()
 
 
 def test_the_node_offers_every_role_facing_protocol_with_its_signature():
     import inspect
 
+    from p2prl.swarm.records import Records
     from p2prl.swarm.transport import Delivery, Directory, WeightSource
 
-    for proto in (Directory, Delivery, WeightSource):
+    for proto, cls in ((Directory, Records), (Delivery, SwarmNode), (WeightSource, SwarmNode)):
         for name, member in vars(proto).items():
             if callable(member) and not name.startswith("_"):
-                got = inspect.signature(getattr(SwarmNode, name)).parameters
+                got = inspect.signature(getattr(cls, name)).parameters
                 assert list(got) == list(inspect.signature(member).parameters), f"{proto.__name__}.{name}"

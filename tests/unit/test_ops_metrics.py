@@ -83,7 +83,8 @@ def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
 
 
 def test_sampler_metrics_read_its_counters():
-    node = SimpleNamespace(peer_id="12D3KooWsampler", dht_errors=0, trust=SimpleNamespace(counts=Counter()))
+    node = SimpleNamespace(peer_id="12D3KooWsampler", records=SimpleNamespace(dht_errors=0),
+                           trust=SimpleNamespace(counts=Counter()))
     sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40))
     sampler.throughput, sampler.learners, sampler.store.bytes_served = 2.0, [1], 10
     sampler.view = View({"send/accepted": 30, "send/rejected/stale": 2, "acked/trained": 25}, groups=2)  # the loop's
@@ -135,9 +136,11 @@ def status_node(runs: dict):
         calls["peers"] += 1
         return [learner, sampler]
 
-    return calls, SimpleNamespace(peers=peers, latest_policy=lambda: None, shutdown=lambda: None,
-                                  refresh_trust=lambda: None, runs=lambda: runs, run_records=lambda run_id: {},
-                                  run_configs=lambda: {})
+    node = SimpleNamespace(peers=peers, latest_policy=lambda: None, shutdown=lambda: None,
+                           refresh_trust=lambda: None, runs=lambda: runs, run_records=lambda run_id: {},
+                           run_configs=lambda: {})
+    node.records = node  # its records, faked in the same object
+    return calls, node
 
 
 def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):
@@ -147,7 +150,8 @@ def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):
             "b": RunAnnouncement(run_id="tset", role="sampler", updated=1.0),
             "c": RunAnnouncement(run_id="tset", role="sampler", updated=1.0)}
     _, node = status_node(runs)
-    monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status, "SwarmNode", lambda *a, trust, **k: vars(node).update(trust=trust) or node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     monkeypatch.setenv("COLUMNS", "200")  # rich's width when not a terminal
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
@@ -163,7 +167,8 @@ def test_status_lists_reward_accuracy_and_other_runs(monkeypatch, capsys):
 
 def test_status_watch_refreshes_count_times(monkeypatch, capsys):
     calls, node = status_node({})
-    monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    monkeypatch.setattr(status, "SwarmNode", lambda *a, trust, **k: vars(node).update(trust=trust) or node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, watch=0.01, count=3) == 0
     out = capsys.readouterr().out  # not a terminal: one table per refresh

@@ -41,37 +41,37 @@ def policy(v: int) -> PolicyRecord:
 def test_a_version_announced_while_the_last_is_in_flight_is_left_to_the_next_call_and_the_newest_lands():
     swarm = MemorySwarm()
     cfg = load_config(None, ["net.run_id=pub", "net.rpc_timeout_s=5"]).net
-    learner = SwarmNode(cfg, "learner", transport=swarm.transport())
-    reader = SwarmNode(cfg, "sampler", transport=swarm.transport())
+    learner = SwarmNode(cfg, "learner", swarm.transport())
+    reader = SwarmNode(cfg, "sampler", swarm.transport())
     held = HeldStores(learner.transport)
     try:
-        learner.publish_policy(policy(1), wait=False)
+        learner.records.publish_policy(policy(1), wait=False)
         assert [k.rsplit("/", 2)[-2:] for k, *_ in held.sent] == [["pub", "policy"], ["holders", "1"]]
-        learner.publish_policy(policy(2), wait=False)  # v1's stores unanswered: nothing sent, nothing waited for
-        learner.publish_policy(policy(3), wait=False)
-        assert len(held.sent) == 2 and learner._unannounced == policy(3)
-        assert reader.latest_policy() is None
+        learner.records.publish_policy(policy(2), wait=False)  # v1's stores unanswered: nothing sent, nothing waited for
+        learner.records.publish_policy(policy(3), wait=False)
+        assert len(held.sent) == 2 and learner.records._unannounced == policy(3)
+        assert reader.records.latest_policy() is None
         held.answer()
-        assert reader.latest_policy() == (learner.peer_id, policy(1))
-        learner.publish_policy(policy(4), wait=False)  # v1 answered: v4 goes out (v2 and v3 never reach the DHT)
-        assert [k.rsplit("/", 1)[-1] for k, *_ in held.sent[2:]] == ["policy", "4"] and learner._unannounced is None
-        learner.publish_policy(policy(5), wait=False)
-        assert learner._unannounced == policy(5)
+        assert reader.records.latest_policy() == (learner.peer_id, policy(1))
+        learner.records.publish_policy(policy(4), wait=False)  # v1 answered: v4 goes out (v2 and v3 never reach the DHT)
+        assert [k.rsplit("/", 1)[-1] for k, *_ in held.sent[2:]] == ["policy", "4"] and learner.records._unannounced is None
+        learner.records.publish_policy(policy(5), wait=False)
+        assert learner.records._unannounced == policy(5)
         threading.Timer(0.3, held.answer).start()  # v4's answers come while flush_policy waits for them
         held.auto = True
-        learner.flush_policy()
-        assert reader.latest_policy() == (learner.peer_id, policy(5)) and reader.holders(policy(5)) == [learner.peer_id]
-        assert reader.holders(policy(2)) == [] and learner._unannounced is None and learner.dht_errors == 0
-        learner.publish_policy(policy(6), wait=False)
-        learner.publish_policy(policy(7))  # waited for (a heartbeat's): it announces what it is given, at once
-        assert reader.latest_policy() == (learner.peer_id, policy(7))
+        learner.records.flush_policy()
+        assert reader.records.latest_policy() == (learner.peer_id, policy(5)) and reader.records.holders(policy(5)) == [learner.peer_id]
+        assert reader.records.holders(policy(2)) == [] and learner.records._unannounced is None and learner.records.dht_errors == 0
+        learner.records.publish_policy(policy(6), wait=False)
+        learner.records.publish_policy(policy(7))  # waited for (a heartbeat's): it announces what it is given, at once
+        assert reader.records.latest_policy() == (learner.peer_id, policy(7))
         held.auto = False
-        learner.publish_policy(policy(8), wait=False)
-        learner.publish_policy(policy(9), wait=False)  # left for later...
+        learner.records.publish_policy(policy(8), wait=False)
+        learner.records.publish_policy(policy(9), wait=False)  # left for later...
         held.auto = True
         threading.Timer(0.3, held.answer).start()
-        learner.publish_policy(policy(8))  # ...and a heartbeat that read the version before it announces v9 instead
-        assert reader.latest_policy() == (learner.peer_id, policy(9)) and learner._unannounced is None
+        learner.records.publish_policy(policy(8))  # ...and a heartbeat that read the version before it announces v9 instead
+        assert reader.records.latest_policy() == (learner.peer_id, policy(9)) and learner.records._unannounced is None
     finally:
         held.auto = True
         reader.shutdown()

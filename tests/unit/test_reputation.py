@@ -126,7 +126,9 @@ def test_status_shows_each_learners_bans(monkeypatch, capsys):
     node = SimpleNamespace(peers=lambda: [learner, sampler], latest_policy=lambda: None, shutdown=lambda: None,
                            refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
                            run_configs=lambda: {})
-    monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    node.records = node  # its records, faked in the same object
+    monkeypatch.setattr(status, "SwarmNode", lambda *a, trust, **k: vars(node).update(trust=trust) or node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
     rows = {r["role"]: r for r in json.loads(capsys.readouterr().out)["peers"]}

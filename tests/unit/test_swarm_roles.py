@@ -31,6 +31,10 @@ class FakeNode:
         self.reply, self.shut = reply, False
         self.trust = Trust("", "test")
 
+    @property
+    def records(self):  # its records, faked in the same object
+        return self
+
     def announce(self, rec):
         pass
 
@@ -77,7 +81,7 @@ def test_a_learner_is_alone_once_a_heartbeat_period_of_look_ups_found_no_other(m
     monkeypatch.setattr("p2prl.swarm.membership.time.time", lambda: clock[0])
     node = FakeNode()
     found = [SimpleNamespace(peer_id="me")]
-    node.peers = lambda role: found
+    node.records.peers = lambda role: found
     m = Membership(node, 5.0, own_record=lambda: None, latest=lambda: None)
     assert not m.alone(100.0)
     m.heartbeat()  # the first look-up found nobody: not yet
@@ -112,6 +116,7 @@ def test_a_bad_model_path_fails_before_a_node_starts(monkeypatch, tmp_path, role
     started = []
     loop = sampler_loop if role == "sampler" else learner_loop
     monkeypatch.setattr(loop, "SwarmNode", lambda *a, **k: started.append(FakeNode()))
+    monkeypatch.setattr(loop.HivemindTransport, "join", lambda *a, **k: started.append("transport"))
     cfg = load_config(None, [f"model.path={tmp_path / 'no-model'}", f"train.out_dir={tmp_path / 'out'}"])
     with pytest.raises(PolicyLoadError):
         if role == "sampler":

@@ -238,7 +238,9 @@ def test_status_shows_a_sampler_that_withholds_groups(monkeypatch, capsys):
     node = SimpleNamespace(peers=lambda: peers, latest_policy=lambda: None, shutdown=lambda: None,
                            refresh_trust=lambda: None, runs=lambda: {}, run_records=lambda run_id: {},
                            run_configs=lambda: {})
-    monkeypatch.setattr(status, "SwarmNode", lambda *a, **k: node)
+    node.records = node  # its records, faked in the same object
+    monkeypatch.setattr(status, "SwarmNode", lambda *a, trust, **k: vars(node).update(trust=trust) or node)
+    monkeypatch.setattr(status.HivemindTransport, "join", lambda *a, **k: None)
     monkeypatch.setenv("COLUMNS", "200")
     cfg = load_config(None, ["net.run_id=test"])
     assert status.show_status(cfg, as_json=True) == 0
@@ -250,7 +252,7 @@ def test_status_shows_a_sampler_that_withholds_groups(monkeypatch, capsys):
     out = capsys.readouterr().out
     assert f"sampler …{S[-10:]} withheld about 219 of its last 471 groups (learners read 236" in out
     assert honest[-10:] + " withheld" not in out
-    node.run_configs = lambda: {"12D3KooWlearner0": config(4), "12D3KooWlearner1": config(True)}
+    node.records.run_configs = lambda: {"12D3KooWlearner0": config(4), "12D3KooWlearner1": config(True)}
     assert status.snapshot(node, "test", 5.0, 16)["peers"][-1]["withheld"]["withheld"] == 235 - 4
 
 
