@@ -53,12 +53,12 @@ def test_members_get_the_same_bits_of_the_weighted_mean_and_a_lone_member_no_rou
     try:
         a, b = together(rounds[:2], g[:2], [8, 24], expected=2)
         want = (8 * g[0].double() + 24 * g[1].double()) / 32
-        assert torch.equal(a.grad, b.grad) and a.group_size == b.group_size == 2 and a.total_weight == 32
-        assert torch.allclose(a.grad.double(), want, atol=2.0**-23) and a.groups == b.groups == TAG(0) + TAG(1)
+        assert torch.equal(a.grad, b.grad) and a.learners == b.learners == 2 and a.weight == 32
+        assert torch.allclose(a.grad.double(), want, atol=2.0**-23) and a.tags == b.tags == TAG(0) + TAG(1)
 
         # a group of four expected, three came: it closes with them after wait_s, as hivemind's matchmaking does
         got = together(rounds, g, [1, 0, 3], expected=4)
-        assert all(torch.equal(r.grad, got[0].grad) for r in got) and {r.group_size for r in got} == {3}
+        assert all(torch.equal(r.grad, got[0].grad) for r in got) and {r.learners for r in got} == {3}
         assert torch.allclose(got[0].grad.double(), (g[0].double() + 3 * g[2].double()) / 4, atol=2.0**-23)
 
         t0 = time.monotonic()
@@ -81,7 +81,7 @@ def test_robust_members_fetch_each_others_gradients_over_streams_and_agree():
     g[2] = g[2] * 1000  # trimmed away
     try:
         got = together(rounds, g, [4, 4, 4], expected=3)
-        assert all(torch.equal(r.grad, got[0].grad) for r in got) and got[0].group_size == 3 and not got[0].bad
+        assert all(torch.equal(r.grad, got[0].grad) for r in got) and got[0].learners == 3 and not got[0].bad
         assert got[0].grad.abs().max() < 10
     finally:
         for r, node in zip(rounds, nodes):
