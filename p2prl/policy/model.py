@@ -1,8 +1,9 @@
 """Loading a policy from a local folder and computing per-token log-probs.
 
 Everything goes through ``AutoModelForCausalLM`` / ``AutoTokenizer``, so the built-in
-tiny model and any Hugging Face model folder load the same way. Nothing is downloaded:
-loading is ``local_files_only``.
+tiny model and any Hugging Face model folder load the same way (a ``.gguf`` file, through the
+plain folder it is imported into: ``p2prl.policy.gguf``). Nothing is downloaded: loading is
+``local_files_only``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.utils.checkpoint
 
 from p2prl.config import ModelConfig
+from p2prl.policy.gguf import GGUFError, gguf_folder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL = ASSETS / "base"
@@ -27,11 +29,17 @@ BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSET
 
 def model_folder(path: str | Path) -> Path:
     """The folder ``model.path`` names: a shipped base (``builtin``: the addition task's;
-    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems')
-    or a local folder. A ``builtin:`` name that is none of these is refused with the list."""
+    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems'),
+    a local folder, or a ``.gguf`` file (its import into the cache, made on first use: ``gguf.gguf_folder``).
+    A ``builtin:`` name that is none of these is refused with the list."""
     if str(path).startswith("builtin:") and str(path) not in BUILTIN_MODELS:
         raise PolicyLoadError(f"model.path={str(path)!r}: no such built-in model; the built-in ones are "
                               + ", ".join(repr(k) for k in BUILTIN_MODELS))
+    if str(path).lower().endswith(".gguf"):
+        try:
+            return gguf_folder(path)
+        except GGUFError as e:
+            raise PolicyLoadError(f"model.path={str(path)!r}: {e}") from e
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
 
@@ -137,7 +145,7 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"model folder {folder} has no config.json; pass a local Hugging Face model "
-            "folder (containing config.json, weights and tokenizer files) or a shipped one: "
+            "folder (containing config.json, weights and tokenizer files), a .gguf file or a shipped one: "
             + ", ".join(repr(k) for k in BUILTIN_MODELS)
         )
     try:
