@@ -42,7 +42,7 @@ INSTALL_HINT = (
 
 
 class VLLMError(PolicyLoadError):
-    """vLLM is missing, its engine could not start, or sampling settings it cannot serve (the CLI prints it)."""
+    """vLLM is missing or its engine could not start (the CLI prints it)."""
 
 
 LOGPROBS_MODE = "processed_logprobs"
