@@ -659,6 +659,9 @@ def _bound(field) -> str:
     args = typing.get_args(field.annotation)
     if typing.get_origin(field.annotation) is Literal:
         return " | ".join(map(str, args))
+    choices = [a for a in args if typing.get_origin(a) is Literal]
+    if choices and type(None) in args:  # Literal[...] | None
+        return " | ".join(map(str, typing.get_args(choices[0]))) + " or unset"
     parts = []
     for m in field.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "len >="),
