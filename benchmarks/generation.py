@@ -89,7 +89,7 @@ def main() -> None:
         prompts = [[3 + (i + j) % 15 for j in range(6 + i % 3)] for i in range(args.prompts)]
         blob, _ = serialize_weights(policy.model)
         hf = HFGenerator(load_policy(folder))
-        vllm = VLLMGenerator(folder, temperature=T, kv_cache_gib=1.0)
+        vllm = VLLMGenerator(folder, kv_cache_gib=1.0, dtype="float32")  # the learner's dtype
         try:
             rows: dict[str, dict[str, list[float]]] = {"transformers": {}, "vllm": {}}
             last = None

@@ -183,7 +183,23 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(show)
     _add_run_parsers(sub)
     _add_experiment_parsers(sub)
+    _add_model_parsers(sub)
     return ap
+
+
+def _add_model_parsers(sub) -> None:
+    md = sub.add_parser("model", help="model files: import a GGUF file as a Hugging Face folder")
+    mdsub = md.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
+    imp = mdsub.add_parser(
+        "import", help="write a .gguf file as a plain Hugging Face model folder",
+        description=_wrap("De-quantize a GGUF file with transformers (needs the gguf package: extra [gguf]) and write "
+        "it as a plain Hugging Face model folder (safetensors, config, tokenizer, chat template), then check the "
+        "folder's logits against the GGUF-loaded model. model.path may also name the .gguf file itself: it is "
+        "imported once into ${P2PRL_CACHE:-~/.cache/p2prl}/gguf."),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    imp.add_argument("file", help="the .gguf file")
+    imp.add_argument("out", help="the model folder to write (must not exist)")
 
 
 def _add_run_parsers(sub) -> None:
@@ -505,11 +521,12 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     """The errors ``main`` reports in one line (exit code 2): what the user can fix, no traceback."""
     from p2prl.config import ConfigError
     from p2prl.learner.checkpoint import CheckpointError
+    from p2prl.policy.gguf import GGUFError
     from p2prl.policy.model import PolicyLoadError
     from p2prl.prom import MetricsError
     from p2prl.swarm.dht import BootstrapError
 
-    return ConfigError, CheckpointError, PolicyLoadError, BootstrapError, MetricsError
+    return ConfigError, CheckpointError, PolicyLoadError, GGUFError, BootstrapError, MetricsError
 
 
 def _log_error(handler: logging.Handler, e: Exception) -> None:
@@ -594,6 +611,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_model(args: argparse.Namespace) -> int:
+    from p2prl.policy.gguf import import_gguf
+
+    diff = import_gguf(args.file, args.out)
+    print(f"wrote {args.out}: logits match the GGUF file's (largest difference {diff:.3g})")
+    return 0
+
+
 def _usage(msg: str) -> Exception:
     from p2prl.config import ConfigError
 
@@ -623,7 +648,8 @@ def main(argv: list[str] | None = None) -> int:
     reported = _reported_errors()
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
-                    "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run}
+                    "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run,
+                    "model": _cmd_model}
         return commands[args.command](args)
     except reported as e:
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)

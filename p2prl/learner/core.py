@@ -125,7 +125,7 @@ class LearnerCore:
             batch["adv"] = adv[idx]
             batch = {k: v.to(model.device) for k, v in batch.items()}
             logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"],
-                                     s.temperature)  # (b, T)
+                                     s.temperature, s.top_k, s.top_p)  # (b, T)
             at0 = fresh[idx].to(model.device)
             if at0.any():  # same weights as the sampler: what is left is the inference engine's mismatch
                 mismatch.append((logprob_mismatch(batch["logq"][at0], logp.detach()[at0], batch["mask"][at0].bool()),

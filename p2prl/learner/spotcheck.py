@@ -5,9 +5,9 @@ sequence ratio, GEPO's group-expectation weight), so a forged ``logq`` steers tr
 the rewards stay correct. For a share ``trust.spot_check_fraction`` of admitted groups, picked
 by a keyed hash of the group id with a learner-secret salt (a sampler cannot tell which of its
 groups will be checked; the share is exact in expectation), the learner recomputes the log-probs
-of the group's completions under the weights of the group's version, at the sampling
-temperature (every backend records the tempered, untruncated ``log_softmax``, see
-``policy/backends``), on a scratch copy of the model: never the live one the training thread
+of the group's completions under the weights of the group's version, with the sampling
+temperature, top-k and top-p (every backend records the log-prob under the distribution the
+token was drawn from, see ``policy/backends``), on a scratch copy of the model: never the live one the training thread
 steps. The weights of recent versions are kept serialized (``keep``).
 
 The statistic is, per completion, the mean ``|logq - logp|`` over its tokens, and a group's is

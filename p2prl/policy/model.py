@@ -1,8 +1,9 @@
 """Loading a policy from a local folder and computing per-token log-probs.
 
 Everything goes through ``AutoModelForCausalLM`` / ``AutoTokenizer``, so the built-in
-tiny model and any Hugging Face model folder load the same way. Nothing is downloaded:
-loading is ``local_files_only``.
+tiny model and any Hugging Face model folder load the same way (a ``.gguf`` file, through the
+plain folder it is imported into: ``p2prl.policy.gguf``). Nothing is downloaded: loading is
+``local_files_only``.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 import torch.utils.checkpoint
 
 from p2prl.config import ModelConfig
+from p2prl.policy.gguf import GGUFError, gguf_folder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
 BUILTIN_MODEL = ASSETS / "base"
@@ -27,11 +29,17 @@ BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSET
 
 def model_folder(path: str | Path) -> Path:
     """The folder ``model.path`` names: a shipped base (``builtin``: the addition task's;
-    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems')
-    or a local folder. A ``builtin:`` name that is none of these is refused with the list."""
+    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems'),
+    a local folder, or a ``.gguf`` file (its import into the cache, made on first use: ``gguf.gguf_folder``).
+    A ``builtin:`` name that is none of these is refused with the list."""
     if str(path).startswith("builtin:") and str(path) not in BUILTIN_MODELS:
         raise PolicyLoadError(f"model.path={str(path)!r}: no such built-in model; the built-in ones are "
                               + ", ".join(repr(k) for k in BUILTIN_MODELS))
+    if str(path).lower().endswith(".gguf"):
+        try:
+            return gguf_folder(path)
+        except GGUFError as e:
+            raise PolicyLoadError(f"model.path={str(path)!r}: {e}") from e
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
 
@@ -137,7 +145,7 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"model folder {folder} has no config.json; pass a local Hugging Face model "
-            "folder (containing config.json, weights and tokenizer files) or a shipped one: "
+            "folder (containing config.json, weights and tokenizer files), a .gguf file or a shipped one: "
             + ", ".join(repr(k) for k in BUILTIN_MODELS)
         )
     try:
@@ -237,9 +245,13 @@ def sequence_logprobs(
     prompt_mask: torch.Tensor,
     completion_ids: torch.Tensor,
     temperature: float,
+    top_k: int = 0,
+    top_p: float = 1.0,
     chunk_elements: int = LOGITS_CHUNK,
 ) -> torch.Tensor:
-    """Per-token log-probs of ``completion_ids`` under ``model`` at ``temperature``.
+    """Per-token log-probs of ``completion_ids`` under the distribution sampling from ``model`` at (``temperature``,
+    ``top_k``, ``top_p``) draws from: the tempered logits' softmax, truncated to the tokens top-k then top-p keep
+    (``truncation``) and renormalised over them (``behaviour_logprob``: the token itself always counts as kept).
 
     prompt_ids, prompt_mask: (B, P), left-padded. completion_ids: (B, T).
     Returns (B, T), float32 (float64 for a float64 model); positions past a completion's end
@@ -254,10 +266,13 @@ def sequence_logprobs(
     B, T = completion_ids.shape
     tokens = completion_ids.reshape(B * T)
     checkpoint = torch.is_grad_enabled() and flat.requires_grad
+    truncated = top_k > 0 or top_p < 1.0
 
     def chunk(h: torch.Tensor, tok: torch.Tensor) -> torch.Tensor:
         logits = head(h) if head is not None else h  # (n, V)
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        if truncated:
+            return behaviour_logprob(logits, tok, top_k, top_p)
         return logits.gather(1, tok.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)  # (n,)
 
     out = []
@@ -281,7 +296,8 @@ def sampling_stats(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask
                    completion_ids: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
                    clip: float = SAMPLING_CLIP, chunk_elements: int = LOGITS_CHUNK) -> dict[str, torch.Tensor]:
     """What sampling from ``model`` at (``temperature``, ``top_k``, ``top_p``) makes of each completion token, as
-    (B, T) float32 tensors. ``logp``: the tempered, untruncated log-prob (as ``sequence_logprobs``). With pi the
+    (B, T) float32 tensors. ``logp``: the token's log-prob under the distribution it was drawn from (as
+    ``sequence_logprobs``: the token always counts as kept). With pi the
     truncated, renormalised distribution the token was drawn from, H its entropy and f(x) = clamp(log pi(x) + H,
     -clip, clip) (how much likelier than typical x is): ``term`` = f(x_t) - E_pi[f] (-inf for a token outside pi's
     support, ``SUPPORT_SLACK`` allowed) and ``variance`` = Var_pi[f]. Drawn honestly, ``term`` has mean 0 and that
@@ -306,13 +322,28 @@ def sampling_stats(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask
         chosen = logp.gather(1, tokens[i : i + rows, None]).squeeze(1)
         floor = logp.masked_fill(~kept, torch.inf).min(1).values - SUPPORT_SLACK  # the least likely kept, less slack
         f_chosen = (chosen - norm[:, 0] + entropy[:, 0]).clamp(-clip, clip)
-        out["logp"].append(chosen)
+        if top_k > 0 or top_p < 1.0:
+            in_kept = kept.gather(1, tokens[i : i + rows, None]).squeeze(1)
+            out["logp"].append(torch.where(in_kept, chosen - norm[:, 0], chosen - torch.logaddexp(norm[:, 0], chosen)))
+        else:
+            out["logp"].append(chosen)
         out["term"].append(torch.where(chosen >= floor, f_chosen - mean, -torch.inf))
         out["variance"].append(((pi * f**2).sum(1) - mean**2).clamp(min=0.0))
         top, mode = pi.max(1)
         out["mode"].append((tokens[i : i + rows] == mode).float() - top)
         out["top"].append(top)
     return {k: torch.cat(v).view(B, T) for k, v in out.items()}
+
+
+def behaviour_logprob(logits: torch.Tensor, tokens: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """(n,) log-prob of ``tokens`` (n,) under the (n, V) tempered ``logits`` truncated by top-k then top-p and
+    renormalised: the distribution a sampler with those settings draws from. The token itself always counts as kept,
+    so a token the truncation would drop (drawn by a sampler whose weights, dtype or engine differ) gets its mass
+    over the kept tokens and itself, finite, not -inf. The kept set is a constant of the gradient."""
+    with torch.no_grad():
+        kept = truncation(torch.log_softmax(logits, dim=1), top_k, top_p)
+        kept.scatter_(1, tokens.unsqueeze(1), True)
+    return logits.gather(1, tokens.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits.masked_fill(~kept, -torch.inf), 1)
 
 
 def truncation(logp: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:

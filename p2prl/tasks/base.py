@@ -67,7 +67,8 @@ def uses_chat_template(task: Task, tokenizer) -> bool:
     has = bool(getattr(tokenizer, "chat_template", None))
     if task.chat == "always" and not has:
         raise TaskError(f"task {task.name!r} requires a chat template (task.chat_template='always') but the "
-                        "model's tokenizer has none; use a chat model folder or set task.chat_template='never'")
+                        "model's tokenizer has none; use a chat model (a folder or .gguf file with a chat "
+                        "template) or set task.chat_template='never'")
     if task.chat == "auto" and not has:
         said = (task.name, str(getattr(tokenizer, "name_or_path", "") or ""))
         if said not in _RAW_SAID:

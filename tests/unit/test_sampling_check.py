@@ -80,6 +80,16 @@ def test_truncation_keeps_top_k_then_the_top_p_nucleus():
     assert truncation(logp, 0, 0.01).tolist() == [[True, False, False, False, False]]  # the most likely stays
 
 
+def true_logq(checker, g) -> np.ndarray:
+    """The log-probs of ``g``'s tokens under the run's sampling (temperature 1, top-k 3), as an honest sampler
+    records them."""
+    ids, mask = left_pad([g.prompt_ids.tolist()] * len(g.lengths), checker.pad_id)
+    with torch.no_grad():
+        logp = sequence_logprobs(checker.model, ids, mask, torch.from_numpy(g.tokens.astype(np.int64)), 1.0, 3)
+    on = np.arange(g.tokens.shape[1])[None] < g.lengths[:, None]
+    return np.where(on, logp.numpy(), 0.0).astype(np.float32)
+
+
 @pytest.fixture(scope="module")
 def honest_groups():
     cfg = load_config(None, ["sampling.group_size=8", "trust.spot_check_fraction=1.0", "sampling.top_k=3"])
@@ -101,11 +111,7 @@ def test_honest_top_k_groups_pass_and_a_token_outside_the_top_k_is_not_sampled(h
     g = copy.deepcopy(groups[0])
     probs = checker.model(torch.tensor([g.prompt_ids.tolist()])).logits[0, -1]
     g.tokens[0, 0] = int(probs.argmin())  # a first token top-k 3 never draws, its log-probs sent honestly
-    ids, mask = left_pad([g.prompt_ids.tolist()] * len(g.lengths), checker.pad_id)
-    with torch.no_grad():
-        logp = sequence_logprobs(checker.model, ids, mask, torch.from_numpy(g.tokens.astype(np.int64)), 1.0)
-    on = np.arange(g.tokens.shape[1])[None] < g.lengths[:, None]
-    g.logq = np.where(on, logp.numpy(), 0.0).astype(np.float32)
+    g.logq = true_logq(checker, g)
     with pytest.raises(RecordError) as e:
         checker.check(g)
     # counted toward a ban, not one at once: another engine's truncation may differ at the cut-off
@@ -152,6 +158,7 @@ def test_greedy_groups_with_true_log_probs_are_rejected_within_a_window_then_ban
     greedy.load(kept[1], 0, kept[0])
     verdicts = []
     for g in greedy.rollout(list(range(32))):
+        g.logq = true_logq(checker, g)  # sent as if drawn with the run's top-k 3
         assert checker.recompute(g, kept)[1]["mode"][0] > 0  # every token the most likely one
         try:
             verdicts.append(checker.check(g))

@@ -12,6 +12,7 @@ import torch
 from p2prl.algo.mismatch import logprob_mismatch
 from p2prl.config import Config
 from p2prl.policy import load_policy, sequence_logprobs
+from p2prl.policy.backends.hf import HFGenerator
 from p2prl.policy.backends.vllm import VLLMGenerator
 from p2prl.policy.model import left_pad
 from p2prl.policy.weights import serialize_weights
@@ -28,19 +29,20 @@ ABS_BOUND, K3_BOUND = 1e-5, 1e-9
 
 @pytest.fixture(scope="module")
 def engine(math_model):
-    gen = VLLMGenerator(math_model, temperature=T, kv_cache_gib=0.25)
+    gen = VLLMGenerator(math_model, kv_cache_gib=0.25, dtype="float32")  # the learner's dtype
     yield gen
     gen.close()
 
 
-def mismatch(policy, prompts, comps) -> dict[str, float]:
+def mismatch(policy, prompts, comps, temperature=T, top_k=0, top_p=1.0) -> dict[str, float]:
     """Mismatch between the generator's log-probs and the learner's recompute, over all completions."""
     logq, logp, mask = [], [], []
     for p, c in zip(prompts, comps):
         G, L = c.tokens.shape
         ids, pmask = left_pad([p] * G, policy.pad_id)
         with torch.no_grad():
-            logp.append(sequence_logprobs(policy.model, ids, pmask, torch.as_tensor(c.tokens).long(), T))
+            logp.append(sequence_logprobs(policy.model, ids, pmask, torch.as_tensor(c.tokens).long(), temperature,
+                                          top_k, top_p))
         logq.append(torch.as_tensor(c.logq))
         mask.append(torch.arange(L)[None] < torch.as_tensor(c.lengths)[:, None])
     width = max(x.shape[1] for x in logq)
@@ -72,6 +74,22 @@ def test_generates_groups(engine):
 
 def test_logprobs_match_the_learner(engine, math_model):
     m = mismatch(load_policy(math_model), PROMPTS, engine.generate(PROMPTS, 8, 32, T, seed=3))
+    assert m["abs"] < ABS_BOUND and m["k3"] < K3_BOUND, m
+
+
+def test_truncated_logprobs_match_transformers(engine, math_model):
+    """The paper's sampling (configs/qwen3-1.7b-math-paper.toml): vLLM records each token's log-prob under the
+    tempered, top-k/top-p-truncated distribution it drew the token from, as transformers' backend and the learner's
+    recompute do; the untruncated recompute is another distribution."""
+    paper = dict(temperature=0.6, top_k=20, top_p=0.95)
+    policy = load_policy(math_model)
+    comps = engine.generate(PROMPTS, 8, 32, seed=4, **paper)
+    m = mismatch(policy, PROMPTS, comps, **paper)
+    assert m["abs"] < ABS_BOUND and m["k3"] < K3_BOUND, m
+    untruncated = mismatch(policy, PROMPTS, comps, temperature=0.6)
+    assert untruncated["abs"] > 100 * ABS_BOUND, untruncated  # the test tells the two apart
+    hf = HFGenerator(policy).generate(PROMPTS, 8, 32, seed=4, **paper)  # transformers' own samples and log-probs
+    m = mismatch(policy, PROMPTS, hf, **paper)
     assert m["abs"] < ABS_BOUND and m["k3"] < K3_BOUND, m
 
 

@@ -31,8 +31,7 @@ def make_generator(policy_or_path: Policy | str | Path, cfg: Config) -> Generato
             folder = Path(policy_or_path.model.name_or_path)
         else:
             folder = model_folder(policy_or_path)
-        return VLLMGenerator(folder, s.temperature, s.top_k, s.top_p, kv_cache_gib=s.vllm_kv_cache_gib,
-                             dtype=s.vllm_dtype, seed=cfg.train.seed)
+        return VLLMGenerator(folder, kv_cache_gib=s.vllm_kv_cache_gib, dtype=s.vllm_dtype, seed=cfg.train.seed)
     from p2prl.policy.backends.hf import HFGenerator
 
     return HFGenerator(policy_or_path if isinstance(policy_or_path, Policy) else load_policy(policy_or_path))

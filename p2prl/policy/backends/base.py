@@ -2,7 +2,8 @@
 
 A backend samples G completions for each prompt (given as token ids, rendered once by
 ``p2prl.tasks.render_prompt``) and records, for every chosen token, its log-prob under
-the tempered, untruncated distribution: exactly what the learner recomputes.
+the distribution it was drawn from (tempered, truncated by top-k then top-p, renormalised):
+exactly what the learner recomputes (``policy.model.sequence_logprobs``).
 """
 
 from __future__ import annotations

