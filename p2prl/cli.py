@@ -555,7 +555,7 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     if args.metrics_port and not 0 < args.metrics_port <= 65535 - args.samplers - args.learners:
         raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} "
                      "must be TCP ports")
-    return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
+    return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh, main=main,
                     progress=not args.no_progress, n_learners=args.learners, as_json=args.json,
                     metrics_port=args.metrics_port)
 

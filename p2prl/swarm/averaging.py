@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
-from p2prl.launch.procs import exit_with_parent
+from p2prl.procs import exit_with_parent
 from p2prl.swarm.node import read_frame, write_frame
 
 if TYPE_CHECKING:

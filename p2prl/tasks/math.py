@@ -34,7 +34,7 @@ import weakref
 from pathlib import Path
 
 from p2prl.config import TaskConfig
-from p2prl.launch.procs import exit_with_parent
+from p2prl.procs import exit_with_parent
 from p2prl.tasks import word_problems
 from p2prl.tasks.base import Problem, Task, TaskError
 

@@ -145,14 +145,15 @@ def test_swarm_up_starts_the_first_learner_and_the_others_join(monkeypatch, tmp_
             pass
 
     monkeypatch.setattr(local, "ProcessGroups", Group)
-    monkeypatch.setattr(local, "_starter", lambda swarm: lambda name, args, log=True: started.setdefault(name, args))
+    monkeypatch.setattr(local, "_starter",
+                        lambda swarm, main: lambda name, args, log=True: started.setdefault(name, args))
     monkeypatch.setattr(local, "import_module", lambda name: None)
     monkeypatch.setattr("p2prl.policy.model.preload", lambda path: None)
     monkeypatch.setattr(local, "watch", lambda *a, **k: 0, raising=False)
     monkeypatch.setattr(local, "wait_for_file", lambda *a, **k: "/ip4/127.0.0.1/tcp/1/p2p/x", raising=False)
     cfg = load_config(None, [f"train.out_dir={tmp_path}"])
     try:
-        local.swarm_up(cfg, None, [], n_samplers=1, fresh=False, progress=False, n_learners=3)
+        local.swarm_up(cfg, None, [], n_samplers=1, fresh=False, main=lambda args: 0, progress=False, n_learners=3)
     except Exception:  # how this launcher waits for its first learner is not this test's business
         pass
     learners = {n: a for n, a in started.items() if n.startswith("learner")}

@@ -5,7 +5,8 @@
   ``if`` / ``try``) or those inside functions too (lazy imports, which keep torch and hivemind
   out of ``p2prl --help``): a lazy import defers a dependency, it does not remove it, and a
   cycle through one still ties a low-level module to everything above it (one that lazily
-  imports the CLI depends on all that the CLI imports). Imports under ``if TYPE_CHECKING:``,
+  imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")`` with the
+  module's name written out counts as a lazy import of it. Imports under ``if TYPE_CHECKING:``,
   which never run, never count.
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
@@ -59,8 +60,11 @@ def _import_time_nodes(tree: ast.AST, lazy: bool = False):
         yield from _import_time_nodes(child, lazy)
 
 
-def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
-    """The p2prl modules an import statement loads explicitly."""
+def _targets(module: str, node: ast.Import | ast.ImportFrom | ast.Call) -> list[str]:
+    """The p2prl modules an import statement (or an ``import_module`` call) loads explicitly."""
+    if isinstance(node, ast.Call):
+        name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+        return [name] if name in MODULES else []
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name in MODULES]
     source = _absolute(module, node)
@@ -71,11 +75,20 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return subs + ([source] if plain else [])
 
 
+def _is_import(node: ast.AST) -> bool:
+    """An import statement, or a call of ``import_module`` / ``importlib.import_module``."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute)
+                else None) == "import_module"
+    return isinstance(node, (ast.Import, ast.ImportFrom))
+
+
 def import_graph(lazy: bool = False) -> dict[str, set[str]]:
     """module -> the p2prl modules it imports when imported (``lazy``: or in any of its functions)."""
     graph = {}
     for name, (_, tree) in MODULES.items():
-        graph[name] = {t for n in _import_time_nodes(tree, lazy) if isinstance(n, (ast.Import, ast.ImportFrom))
+        graph[name] = {t for n in _import_time_nodes(tree, lazy) if _is_import(n)
                        for t in _targets(name, n) if t != name}
     return graph
 
@@ -152,12 +165,13 @@ def private_uses() -> list[str]:
 
 
 def test_the_checks_see_the_package():
-    assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.launch.procs", "p2prl.algo"} <= set(MODULES)
-    graph = import_graph()
+    assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.procs", "p2prl.launch.fork", "p2prl.algo"} <= set(MODULES)
+    graph, lazy = import_graph(), import_graph(lazy=True)
     assert "p2prl.experiments.grid" in graph["p2prl.experiments.latency"]
-    assert "p2prl.launch.procs" in graph["p2prl.launch.local"]
+    assert "p2prl.launch.fork" in graph["p2prl.launch.local"]
     assert "p2prl.launch.local" not in graph["p2prl.cli"]  # imported inside _cmd_swarm
-    assert "p2prl.launch.local" in import_graph(lazy=True)["p2prl.cli"]
+    assert "p2prl.launch.local" in lazy["p2prl.cli"]
+    assert "p2prl.learner.loop" in lazy["p2prl.launch.local"]  # import_module("p2prl.learner.loop"), to preload it
 
 
 def test_the_checks_can_fail():
@@ -165,18 +179,19 @@ def test_the_checks_can_fail():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     assert every_cycle({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"], ["b", "c", "b"]]
     probe = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    import p2prl.cli\n"
-                      "def f():\n    from p2prl.launch import procs\n")
+                      "def f():\n    from p2prl import procs\n    importlib.import_module('p2prl.cli')\n"
+                      "    import_module(name)\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", probe)
     try:
         assert import_graph()["p2prl._layout_probe"] == set()
-        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.launch.procs"}
+        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.procs", "p2prl.cli"}
     finally:
         del MODULES["p2prl._layout_probe"]
-    tree = ast.parse("import p2prl.config as c\nfrom p2prl.launch.procs import _x\nc._y\n")
+    tree = ast.parse("import p2prl.config as c\nfrom p2prl.procs import _x\nc._y\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
     try:
         assert sorted(u for u in private_uses() if u.startswith("p2prl._layout_probe")) == [
-            "p2prl._layout_probe:2: imports _x from p2prl.launch.procs",
+            "p2prl._layout_probe:2: imports _x from p2prl.procs",
             "p2prl._layout_probe:3: uses p2prl.config._y",
         ]
     finally:
