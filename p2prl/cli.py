@@ -17,6 +17,8 @@ from pathlib import Path
 from p2prl import __version__
 from p2prl.experiments import grid, latency, network
 
+log = logging.getLogger(__name__)
+
 CONFIG_EPILOG = (
     "config sections (dotted overrides section.key=value, or [section] tables in a --config TOML file):\n"
     "  model     the policy: a local Hugging Face folder, device, dtype\n"
@@ -475,7 +477,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
                 _log_error(file_log, e)
             raise
         # asked to stop while starting up: the network went away under a half-started peer
-        logging.getLogger("p2prl").info("stopped during start-up (%s)", type(e).__name__)
+        log.info("stopped during start-up (%s)", type(e).__name__)
         return 0
     if args.log_file and "summary" in summary.get("paths", {}):
         summary["paths"]["log"] = args.log_file
@@ -516,7 +518,7 @@ def _log_error(handler: logging.Handler, e: Exception) -> None:
     `p2prl swarm up`) also in the log file; any other error's traceback gets there through the excepthook
     (``p2prl.log``)."""
     if isinstance(e, _reported_errors()):
-        handler.handle(logging.getLogger("p2prl").makeRecord("p2prl", logging.ERROR, __file__, 0, "%s", (e,), None))
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (e,), None))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:

@@ -65,7 +65,7 @@ from p2prl.swarm.runconfig import join_run, run_config
 from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.tasks import Task, make_task
 
-log = logging.getLogger("p2prl.learner.core")
+log = logging.getLogger(__name__)
 
 
 def truncate_log(path: Path, version: int, published: dict[int, str] | None = None) -> list[dict]:

@@ -61,7 +61,7 @@ from p2prl.swarm.node import read_frame, write_frame
 if TYPE_CHECKING:
     from p2prl.swarm.node import SwarmNode
 
-log = logging.getLogger("p2prl.averaging")
+log = logging.getLogger(__name__)
 
 
 def _not_a_failed_step(record: logging.LogRecord) -> bool:

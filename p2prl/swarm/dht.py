@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from p2prl import PROTOCOL_VERSION, __version__
 from p2prl.swarm import owned
 
-log = logging.getLogger("p2prl.dht")
+log = logging.getLogger(__name__)
 
 LOOPBACK_MADDR = "/ip4/127.0.0.1/tcp/0"
 

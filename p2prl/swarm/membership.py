@@ -21,7 +21,7 @@ from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord
 from p2prl.swarm.node import SwarmNode, read_frame, write_frame
 from p2prl.swarm.protocol import MAX_CONTROL_BYTES, pack, unpack_map
 
-log = logging.getLogger("p2prl.swarm.membership")
+log = logging.getLogger(__name__)
 
 MAX_HELLO_LEARNERS = 64
 

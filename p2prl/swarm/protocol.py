@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import msgpack
 
-log = logging.getLogger("p2prl.protocol")
+log = logging.getLogger(__name__)
 
 MAX_CONTROL_BYTES = 1 << 20
 MAX_ACK_IDS = 4096

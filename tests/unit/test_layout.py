@@ -8,6 +8,7 @@
   imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")`` with the
   module's name written out counts as a lazy import of it. Imports under ``if TYPE_CHECKING:``,
   which never run, never count.
+* Every module logs by its own name, ``logging.getLogger(__name__)``.
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
   (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
@@ -187,6 +188,14 @@ def test_the_checks_can_fail():
         assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.procs", "p2prl.cli"}
     finally:
         del MODULES["p2prl._layout_probe"]
+    tree = ast.parse("import logging\nlogging.getLogger(__name__)\nlogging.getLogger('hivemind.dht')\n"
+                     "logging.getLogger('p2prl.node')\nlogging.getLogger(NAME)\n")
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
+    try:
+        assert [u for u in foreign_loggers() if u.startswith("p2prl._layout_probe")] == [
+            "p2prl._layout_probe:4: logging.getLogger('p2prl.node')", "p2prl._layout_probe:5: logging.getLogger(NAME)"]
+    finally:
+        del MODULES["p2prl._layout_probe"]
     tree = ast.parse("import p2prl.config as c\nfrom p2prl.procs import _x\nc._y\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
     try:
@@ -224,3 +233,31 @@ def test_no_import_cycles_through_lazy_imports():
 def test_no_module_uses_another_modules_private_names():
     found = private_uses()
     assert not found, "private names used across p2prl modules:\n  " + "\n  ".join(found)
+
+
+def foreign_loggers() -> list[str]:
+    """``module:line: getLogger(...)`` for every logger of p2prl's that is not its module's own: a module logs as
+    ``logging.getLogger(__name__)``; ``getLogger()`` (the root) and other packages' loggers (hivemind's, named in
+    the call or by a module-level constant) are not p2prl's."""
+    found = []
+    for name, (_, tree) in MODULES.items():
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "getLogger" and node.args):
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Name) and arg.id == "__name__":
+                continue
+            value = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", None))
+            if isinstance(value, str) and value.split(".")[0] != "p2prl":
+                continue
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_module_logs_by_its_own_name():
+    found = foreign_loggers()
+    assert not found, "loggers not named by __name__:\n  " + "\n  ".join(found)
+

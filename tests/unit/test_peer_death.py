@@ -117,9 +117,9 @@ if __name__ == "__main__":
 
 
 def check_traceback_logged(text: str) -> None:
-    assert "CRITICAL [learner] p2prl: uncaught RuntimeError: the peer stops" in text, text
+    assert "CRITICAL [learner] p2prl.log: uncaught RuntimeError: the peer stops" in text, text
     assert text.count("Traceback (most recent call last)") == 2 and text.count("RuntimeError: boom") == 1, text
-    assert "ERROR [learner] p2prl: uncaught ZeroDivisionError in thread helper" in text, text
+    assert "ERROR [learner] p2prl.log: uncaught ZeroDivisionError in thread helper" in text, text
 
 
 def test_an_uncaught_exception_of_a_new_interpreter_lands_in_its_log_file(tmp_path):
