@@ -51,7 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"p2prl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train_parser(sub)
+    _add_bootstrap_parser(sub)
+    _add_join_parser(sub)
+    _add_status_parser(sub)
+    _add_monitor_parser(sub)
+    _add_swarm_parser(sub)
+    _add_config_parser(sub)
+    _add_run_parsers(sub)
+    _add_experiment_parsers(sub)
+    return ap
 
+
+def _add_train_parser(sub) -> None:
+    """``p2prl train``."""
     tr = sub.add_parser(
         "train", help="train on one machine (sampler and learner halves in one process)",
         description="Run HeteroRL on one machine: a sampler half and a learner half exchanging "
@@ -66,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     _add_config_args(tr)
 
+
+def _add_bootstrap_parser(sub) -> None:
+    """``p2prl bootstrap``."""
     bs = sub.add_parser(
         "bootstrap", help="host a bootstrap node (a long-lived DHT peer that others join through)",
         description="Run a hivemind DHT node that volunteers join through. Prints the multiaddrs to publish; "
@@ -92,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "are missing from the routing table (default 30)")
     _add_metrics_args(bs)
 
+
+def _add_join_parser(sub) -> None:
+    """``p2prl join``."""
     jn = sub.add_parser(
         "join", help="join a swarm as a sampler or a learner",
         description="Join a training run through any reachable bootstrap. Samplers generate rollouts with the "
@@ -125,6 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_args(jn)
     _add_config_args(jn)
 
+
+def _add_status_parser(sub) -> None:
+    """``p2prl status``."""
     st = sub.add_parser("status", help="show the live peers of a run",
                         description="Join the DHT as a client and print the live peers of a run by role.")
     _add_network_args(st)
@@ -136,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the run authority's public key (trust.authority): count its authorized learners, "
                     "hide the others")
 
+
+def _add_monitor_parser(sub) -> None:
+    """``p2prl monitor``."""
     mo = sub.add_parser(
         "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves, peers' metrics)",
         description=_wrap("Join the DHT as a client, look up the run's peers every --period seconds and serve one "
@@ -153,6 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--authority", default=None, metavar="HEX",
                     help="the run authority's public key (trust.authority): hide learners it does not authorize")
 
+
+def _add_swarm_parser(sub) -> None:
+    """``p2prl swarm up``."""
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
     up = swsub.add_parser(
@@ -173,6 +201,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "PORT+1, ..., then the samplers (default 0: off)")
     _add_config_args(up)
 
+
+def _add_config_parser(sub) -> None:
+    """``p2prl config show``."""
     cf = sub.add_parser("config", help="show the configuration keys (`p2prl config show`)")
     cfsub = cf.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = cfsub.add_parser(
@@ -182,9 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _add_config_args(show)
-    _add_run_parsers(sub)
-    _add_experiment_parsers(sub)
-    return ap
 
 
 def _add_run_parsers(sub) -> None:
@@ -253,6 +281,12 @@ def _add_experiment_parsers(sub) -> None:
     ex = sub.add_parser("experiment", help="reproducible experiments (e.g. `p2prl experiment latency --help`)",
                         description="Reproducible experiments of the GEPO paper on one machine.")
     exsub = ex.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    _add_latency_parser(exsub)
+    _add_network_parser(exsub)
+
+
+def _add_latency_parser(exsub) -> None:
+    """``p2prl experiment latency``."""
     lat = exsub.add_parser(
         "latency", help="accuracy of GRPO / GSPO / GEPO against the maximum sync delay",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -286,6 +320,9 @@ def _add_experiment_parsers(sub) -> None:
     lat.add_argument("overrides", nargs="*", metavar="section.key=value",
                      help="dotted config overrides for every cell, e.g. train.steps=60 train.lr=3e-3")
 
+
+def _add_network_parser(exsub) -> None:
+    """``p2prl experiment network``."""
     net = exsub.add_parser(
         "network", help="GRPO / GSPO / GEPO in a real swarm over an emulated network (RTT, bandwidth)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
