@@ -52,8 +52,9 @@ from _results import write_section  # noqa: E402
 from flood import SETTINGS as FLOOD_SETTINGS  # noqa: E402
 from flood import versions_per_s  # noqa: E402
 
-from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file  # noqa: E402
+from p2prl.launch.fork import cli_command, fork  # noqa: E402
 from p2prl.metrics import read_jsonl  # noqa: E402
+from p2prl.procs import ProcessGroups, wait_for_file  # noqa: E402
 from p2prl.swarm.owned import MAX_BYTES_SUBKEYS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -117,7 +118,9 @@ class Swarm:
         ``timeout_s``); it is stopped either way."""
         t0 = time.time()
         if self.fork:
-            self.procs.fork(name, [*self.join, "--role", "sampler"])
+            from p2prl.cli import main
+
+            fork(self.procs, name, main, [*self.join, "--role", "sampler"])
         else:
             self.procs.spawn(name, cli_command(*self.join, "--role", "sampler"))
         try:
@@ -273,7 +276,7 @@ def preload() -> bool:
     joining sampler forked from this process skips seconds of imports; whether forking is safe here."""
     from importlib import import_module
 
-    from p2prl.launch.procs import fork_safe
+    from p2prl.launch.fork import fork_safe
     from p2prl.policy.model import preload as preload_model
 
     for name in ("p2prl.cli", "p2prl.swarm.dht", "p2prl.sampler.loop"):

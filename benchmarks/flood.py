@@ -47,8 +47,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _results import write_section  # noqa: E402
 
-from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file  # noqa: E402
+from p2prl.launch.fork import cli_command  # noqa: E402
 from p2prl.metrics import read_jsonl  # noqa: E402
+from p2prl.procs import ProcessGroups, wait_for_file  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOODER = ROOT / "tests" / "helpers" / "trust_peer.py"

@@ -153,7 +153,7 @@ def main() -> None:
         def emit(self, record):
             fetch_log.append(record.getMessage())
 
-    for name in ("p2prl.sampler.core", "p2prl.fetch"):
+    for name in ("p2prl.sampler.loop", "p2prl.swarm.fetch"):
         logging.getLogger(name).addHandler(Collect(logging.INFO))
         logging.getLogger(name).setLevel(logging.INFO)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))

@@ -18,6 +18,8 @@ from p2prl import __version__
 from p2prl.algo.objectives import OBJECTIVES
 from p2prl.experiments import grid, latency, network
 
+log = logging.getLogger(__name__)
+
 CONFIG_EPILOG = (
     "config sections (dotted overrides section.key=value, or [section] tables in a --config TOML file):\n"
     "  model     the policy: a local Hugging Face folder, device, dtype\n"
@@ -50,7 +52,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--version", action="version", version=f"p2prl {__version__}")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_train_parser(sub)
+    _add_bootstrap_parser(sub)
+    _add_join_parser(sub)
+    _add_status_parser(sub)
+    _add_monitor_parser(sub)
+    _add_swarm_parser(sub)
+    _add_config_parser(sub)
+    _add_run_parsers(sub)
+    _add_experiment_parsers(sub)
+    _add_model_parsers(sub)
+    return ap
 
+
+def _add_train_parser(sub) -> None:
+    """``p2prl train``."""
     tr = sub.add_parser(
         "train", help="train on one machine (sampler and learner halves in one process)",
         description="Run HeteroRL on one machine: a sampler half and a learner half exchanging "
@@ -65,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--json", action="store_true", help="print the end-of-run summary as JSON")
     _add_config_args(tr)
 
+
+def _add_bootstrap_parser(sub) -> None:
+    """``p2prl bootstrap``."""
     bs = sub.add_parser(
         "bootstrap", help="host a bootstrap node (a long-lived DHT peer that others join through)",
         description="Run a hivemind DHT node that volunteers join through. Prints the multiaddrs to publish; "
@@ -91,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "are missing from the routing table (default 30)")
     _add_metrics_args(bs)
 
+
+def _add_join_parser(sub) -> None:
+    """``p2prl join``."""
     jn = sub.add_parser(
         "join", help="join a swarm as a sampler or a learner",
         description="Join a training run through any reachable bootstrap. Samplers generate rollouts with the "
@@ -124,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_metrics_args(jn)
     _add_config_args(jn)
 
+
+def _add_status_parser(sub) -> None:
+    """``p2prl status``."""
     st = sub.add_parser("status", help="show the live peers of a run",
                         description="Join the DHT as a client and print the live peers of a run by role.")
     _add_network_args(st)
@@ -135,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the run authority's public key (trust.authority): count its authorized learners, "
                     "hide the others")
 
+
+def _add_monitor_parser(sub) -> None:
+    """``p2prl monitor``."""
     mo = sub.add_parser(
         "monitor", help="serve a swarm health page (peers, versions, lag, reward and accuracy curves, peers' metrics)",
         description=_wrap("Join the DHT as a client, look up the run's peers every --period seconds and serve one "
@@ -152,6 +180,9 @@ def build_parser() -> argparse.ArgumentParser:
     mo.add_argument("--authority", default=None, metavar="HEX",
                     help="the run authority's public key (trust.authority): hide learners it does not authorize")
 
+
+def _add_swarm_parser(sub) -> None:
+    """``p2prl swarm up``."""
     sw = sub.add_parser("swarm", help="run a whole local swarm on this machine")
     swsub = sw.add_subparsers(dest="swarm_command", required=True, metavar="SUBCOMMAND")
     up = swsub.add_parser(
@@ -172,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "PORT+1, ..., then the samplers (default 0: off)")
     _add_config_args(up)
 
+
+def _add_config_parser(sub) -> None:
+    """``p2prl config show``."""
     cf = sub.add_parser("config", help="show the configuration keys (`p2prl config show`)")
     cfsub = cf.add_subparsers(dest="config_command", required=True, metavar="SUBCOMMAND")
     show = cfsub.add_parser(
@@ -181,13 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     show.add_argument("--json", action="store_true", help="machine-readable output")
     _add_config_args(show)
-    _add_run_parsers(sub)
-    _add_experiment_parsers(sub)
-    _add_model_parsers(sub)
-    return ap
 
 
 def _add_model_parsers(sub) -> None:
+    """``p2prl model import``."""
     md = sub.add_parser("model", help="model files: import a GGUF file as a Hugging Face folder")
     mdsub = md.add_subparsers(dest="model_command", required=True, metavar="SUBCOMMAND")
     imp = mdsub.add_parser(
@@ -268,6 +299,12 @@ def _add_experiment_parsers(sub) -> None:
     ex = sub.add_parser("experiment", help="reproducible experiments (e.g. `p2prl experiment latency --help`)",
                         description="Reproducible experiments of the GEPO paper on one machine.")
     exsub = ex.add_subparsers(dest="experiment", required=True, metavar="EXPERIMENT")
+    _add_latency_parser(exsub)
+    _add_network_parser(exsub)
+
+
+def _add_latency_parser(exsub) -> None:
+    """``p2prl experiment latency``."""
     lat = exsub.add_parser(
         "latency", help="accuracy of GRPO / GSPO / GEPO against the maximum sync delay",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -301,6 +338,9 @@ def _add_experiment_parsers(sub) -> None:
     lat.add_argument("overrides", nargs="*", metavar="section.key=value",
                      help="dotted config overrides for every cell, e.g. train.steps=60 train.lr=3e-3")
 
+
+def _add_network_parser(exsub) -> None:
+    """``p2prl experiment network``."""
     net = exsub.add_parser(
         "network", help="GRPO / GSPO / GEPO in a real swarm over an emulated network (RTT, bandwidth)",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -492,7 +532,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
                 _log_error(file_log, e)
             raise
         # asked to stop while starting up: the network went away under a half-started peer
-        logging.getLogger("p2prl").info("stopped during start-up (%s)", type(e).__name__)
+        log.info("stopped during start-up (%s)", type(e).__name__)
         return 0
     if args.log_file and "summary" in summary.get("paths", {}):
         summary["paths"]["log"] = args.log_file
@@ -534,7 +574,7 @@ def _log_error(handler: logging.Handler, e: Exception) -> None:
     `p2prl swarm up`) also in the log file; any other error's traceback gets there through the excepthook
     (``p2prl.log``)."""
     if isinstance(e, _reported_errors()):
-        handler.handle(logging.getLogger("p2prl").makeRecord("p2prl", logging.ERROR, __file__, 0, "%s", (e,), None))
+        handler.handle(log.makeRecord(log.name, logging.ERROR, __file__, 0, "%s", (e,), None))
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -573,7 +613,7 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
     if args.metrics_port and not 0 < args.metrics_port <= 65535 - args.samplers - args.learners:
         raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} "
                      "must be TCP ports")
-    return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh,
+    return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh, main=main,
                     progress=not args.no_progress, n_learners=args.learners, as_json=args.json,
                     metrics_port=args.metrics_port)
 

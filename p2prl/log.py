@@ -6,6 +6,8 @@ import logging
 import sys
 import threading
 
+log = logging.getLogger(__name__)
+
 
 def setup_logging(role: str, peer: str = "", level: int = logging.INFO) -> None:
     tag = f"{role} {peer}".strip()
@@ -55,14 +57,14 @@ def log_uncaught_exceptions() -> None:
         if issubclass(kind, KeyboardInterrupt) or not logging.getLogger().handlers:
             sys.__excepthook__(kind, value, tb)
             return
-        logging.getLogger("p2prl").critical("uncaught %s: the peer stops", kind.__name__, exc_info=(kind, value, tb))
+        log.critical("uncaught %s: the peer stops", kind.__name__, exc_info=(kind, value, tb))
 
     def thread_hook(args: threading.ExceptHookArgs) -> None:
         if issubclass(args.exc_type, SystemExit) or not logging.getLogger().handlers:
             threading.__excepthook__(args)
             return
         name = args.thread.name if args.thread is not None else "?"
-        logging.getLogger("p2prl").error("uncaught %s in thread %s", args.exc_type.__name__, name,
-                                         exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+        log.error("uncaught %s in thread %s", args.exc_type.__name__, name,
+                  exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
 
     sys.excepthook, threading.excepthook = hook, thread_hook

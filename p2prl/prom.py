@@ -26,7 +26,7 @@ from prometheus_client.registry import Collector
 
 from p2prl import PROTOCOL_VERSION, __version__
 
-log = logging.getLogger("p2prl.prom")
+log = logging.getLogger(__name__)
 
 
 class MetricsError(RuntimeError):

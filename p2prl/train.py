@@ -22,13 +22,13 @@ from p2prl.learner.checkpoint import check_disk, load_checkpoint_policy, save_ch
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.learner.evaluate import heldout_accuracy
-from p2prl.learner.core import progress_line, resume_learner
+from p2prl.learner.core import LearnerCore, progress_line, resume_learner
 from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar
 from p2prl.policy import load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RecordError, decode_group, encode_group
 from p2prl.sampler.core import SamplerCore
-from p2prl.tasks import make_task
+from p2prl.tasks import Task, make_task
 from p2prl.rollout.verify import Verifier
 from p2prl.policy.weights import serialize_weights
 
@@ -36,34 +36,20 @@ RUN_ID = "local"
 
 
 def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
-    t, s = cfg.train, cfg.sampling
-    if t.threads:
-        torch.set_num_threads(t.threads)
+    t = cfg.train
     out = Path(t.out_dir)
-    if fresh:
-        shutil.rmtree(out / "checkpoint", ignore_errors=True)
-        (out / "metrics.jsonl").unlink(missing_ok=True)
-    check_disk(cfg, out)  # a disk without room for its checkpoints refuses now, not at the first checkpoint
-    torch.manual_seed(t.seed)
-
+    _prepare(cfg, out, fresh)
     task = make_task(cfg.task)
     learner, state = resume_learner(cfg, out)
-    policy = load_checkpoint_policy(out, cfg) if state else load_policy(cfg.model.path, cfg.model)
-    sampler = SamplerCore(policy, task, cfg, RUN_ID, peer_id="sampler0", generator=make_generator(policy, cfg))
-    tok = learner.policy.tokenizer
-    verifier = Verifier(task, tok, learner.policy.vocab_size, RUN_ID, s.group_size, s.max_new_tokens)
+    sampler = _resume_sampler(cfg, task, out, state)
+    verifier = Verifier(task, learner.policy.tokenizer, learner.policy.vocab_size, RUN_ID, cfg.sampling.group_size,
+                        cfg.sampling.max_new_tokens)
     buffer = AdmissionBuffer(cfg.staleness.max_staleness, rule=cfg.staleness.rule)
-    if state:
-        sampler.groups_made = state["groups_made"]
     cursor = state.get("cursor", 0)
     delay = SyncDelay(cfg.staleness, seed=t.seed + learner.version)
     next_sync = learner.version
     sink = JsonlSink(out / "metrics.jsonl")
-
-    base_acc = state.get("base_acc")
-    if base_acc is None:
-        base_acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
-        sink.log(learner.version, {"eval/heldout_acc": base_acc})
+    base_acc = _base_accuracy(cfg, learner, task, state, sink)
     acc, best = state.get("last_acc", base_acc), state.get("best_acc", base_acc)
     trained = state.get("groups_trained", 0)
     complete_before = learner.version >= t.steps
@@ -72,18 +58,12 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
     while learner.version < t.steps:
         # sampler half: reload weights only when the simulated sync delay has passed
         if learner.version >= next_sync:
-            blob, sha = serialize_weights(learner.policy.model)
-            sampler.load(blob, learner.version, sha)
-            next_sync = learner.version + max(1, delay.draw())
+            next_sync = _sync(sampler, learner, delay)
         groups = sampler.rollout(list(range(cursor, cursor + t.groups_per_step)))
         cursor += t.groups_per_step
 
         # learner half: the same boundary a remote record crosses
-        for g in groups:
-            try:
-                buffer.add(verifier.check(decode_group(encode_group(g))), learner.version)
-            except RecordError as e:
-                buffer.counts[f"rejected/{e.reason}"] += 1
+        _admit(groups, verifier, buffer, learner.version)
         batch = buffer.select(t.groups_per_step, learner.version)
         if batch is None:
             continue
@@ -91,7 +71,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         trained += len(batch)
         v = learner.version
         if v % t.eval_every == 0 or v == t.steps:
-            acc = heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
+            acc = _heldout_accuracy(cfg, learner, task)
             best = max(best, acc)
             m["eval/heldout_acc"] = acc
         m.update({f"admission/{k}": c for k, c in buffer.counts.items()})
@@ -112,3 +92,52 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts),
     }
     return finish_run(out, summary, {"metrics": out / "metrics.jsonl", "checkpoint": out / "checkpoint"})
+
+
+def _prepare(cfg: Config, out: Path, fresh: bool) -> None:
+    """Torch's threads and seed; ``fresh``: no checkpoint or metrics of an earlier run; room for the checkpoints."""
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    if fresh:
+        shutil.rmtree(out / "checkpoint", ignore_errors=True)
+        (out / "metrics.jsonl").unlink(missing_ok=True)
+    check_disk(cfg, out)  # a disk without room for its checkpoints refuses now, not at the first checkpoint
+    torch.manual_seed(cfg.train.seed)
+
+
+def _resume_sampler(cfg: Config, task: Task, out: Path, state: dict) -> SamplerCore:
+    """The sampler half, with the checkpoint's policy and group count when ``state`` is a resumed run's."""
+    policy = load_checkpoint_policy(out, cfg) if state else load_policy(cfg.model.path, cfg.model)
+    sampler = SamplerCore(policy, task, cfg, RUN_ID, peer_id="sampler0", generator=make_generator(policy, cfg))
+    if state:
+        sampler.groups_made = state["groups_made"]
+    return sampler
+
+
+def _heldout_accuracy(cfg: Config, learner: LearnerCore, task: Task) -> float:
+    return heldout_accuracy(learner.policy, task, cfg.task.heldout_size, cfg.sampling.max_new_tokens)
+
+
+def _base_accuracy(cfg: Config, learner: LearnerCore, task: Task, state: dict, sink: JsonlSink) -> float:
+    """The held-out accuracy before training: the checkpoint's, or measured now and logged."""
+    base_acc = state.get("base_acc")
+    if base_acc is None:
+        base_acc = _heldout_accuracy(cfg, learner, task)
+        sink.log(learner.version, {"eval/heldout_acc": base_acc})
+    return base_acc
+
+
+def _sync(sampler: SamplerCore, learner: LearnerCore, delay: SyncDelay) -> int:
+    """The sampler loads the learner's weights; the version at which it loads them next."""
+    blob, sha = serialize_weights(learner.policy.model)
+    sampler.load(blob, learner.version, sha)
+    return learner.version + max(1, delay.draw())
+
+
+def _admit(groups, verifier: Verifier, buffer: AdmissionBuffer, version: int) -> None:
+    """Each group through the wire format and the verifier into ``buffer``; a rejected one is counted."""
+    for g in groups:
+        try:
+            buffer.add(verifier.check(decode_group(encode_group(g))), version)
+        except RecordError as e:
+            buffer.counts[f"rejected/{e.reason}"] += 1

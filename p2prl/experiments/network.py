@@ -56,8 +56,9 @@ from p2prl.experiments.grid import (
     write_json_atomic,
 )
 from p2prl.experiments.linkemu import TUN_PATH, peer_address
-from p2prl.launch.procs import ProcessGroups, cli_command, wait_for_file
+from p2prl.launch.fork import cli_command
 from p2prl.metrics import lag_by_sampler, read_jsonl
+from p2prl.procs import ProcessGroups, wait_for_file
 
 EXIT_UNSUPPORTED = 3
 RTTS_MS = (50, 500, 1500)  # a hivemind peer 2 s away cannot join (docs/network_experiment.md)

@@ -6,7 +6,7 @@ per peer (elsewhere each peer is a new interpreter): the bootstrap is forked onc
 is imported, the learners and samplers once this process has imported the model's modules
 too (while the bootstrap starts). The peers join the DHT through the multiaddrs the bootstrap writes to
 ``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own
-session (process group) and is stopped by group (``p2prl.launch.procs``): on SIGINT (Ctrl-C), SIGTERM and
+session (process group) and is stopped by group (``p2prl.procs``): on SIGINT (Ctrl-C), SIGTERM and
 SIGHUP (its terminal closed) this process stops every child before it exits, and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind. A peer that dies before the first
 learner is done (the learner with an error, any other at all: samplers and the bootstrap only stop when told) is
@@ -27,7 +27,8 @@ from importlib import import_module
 from pathlib import Path
 
 from p2prl.config import Config
-from p2prl.launch.procs import ProcessGroups, cli_command, exit_reason, fork_safe, log_tail
+from p2prl.launch.fork import Main, cli_command, fork, fork_safe
+from p2prl.procs import ProcessGroups, exit_reason, log_tail
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -48,10 +49,11 @@ def _raise_stopped(signum, _frame):
     raise Stopped(signum)
 
 
-def _starter(swarm: ProcessGroups):
-    """``start(name, args, log=True)``: a fork of this process where that is safe, a new interpreter elsewhere."""
+def _starter(swarm: ProcessGroups, main: Main):
+    """``start(name, args, log=True)``: ``main(args)`` in a fork of this process where that is safe, ``p2prl <args>``
+    in a new interpreter elsewhere."""
     if fork_safe():
-        return swarm.fork
+        return lambda name, args, log=True: fork(swarm, name, main, args, log=log)
     return lambda name, args, log=True: swarm.spawn(name, cli_command(*args), log=log)
 
 
@@ -96,7 +98,7 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool,
+def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool, main: Main,
              progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0) -> int:
     out = Path(cfg.train.out_dir)
     if fresh:
@@ -115,7 +117,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     try:
         import_module("p2prl.swarm.dht")  # hivemind and torch: what the bootstrap needs
 
-        start = _starter(swarm)
+        start = _starter(swarm, main)
         start("bootstrap", [
             "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0", "--identity-path",
             str(logs / "bootstrap.id"), "--maddrs-file", str(maddrs_file), *metrics(0)])

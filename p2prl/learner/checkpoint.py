@@ -37,7 +37,7 @@ from p2prl.policy.weights import load_weights, serialize_weights
 
 ADAPTER_FILE = "adapter.safetensors"
 
-log = logging.getLogger("p2prl.checkpoint")
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(RuntimeError):

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from p2prl.swarm.reputation import Reputation
     from p2prl.swarm.transport import Delivery
 
-log = logging.getLogger("p2prl.learner.core")
+log = logging.getLogger(__name__)
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
 MAX_TRACKED_SESSIONS = 256  # sampler sessions whose group counters a learner counts (the most recently active)
 SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions evicts only its own)

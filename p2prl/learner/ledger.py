@@ -30,7 +30,7 @@ import msgpack
 from p2prl.rollout.admission import AdmissionBuffer
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
 
-log = logging.getLogger("p2prl.learner.ledger")
+log = logging.getLogger(__name__)
 
 PENDING, TRAINED, DROPPED = "pending", "trained", "dropped"
 

@@ -66,7 +66,7 @@ from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
 from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import Task, make_task
 
-log = logging.getLogger("p2prl.learner.core")
+log = logging.getLogger(__name__)
 
 
 def truncate_log(path: Path, version: int, published: dict[int, str] | None = None) -> list[dict]:

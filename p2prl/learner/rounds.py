@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from p2prl.rollout.record import RolloutGroup
     from p2prl.swarm.node import SwarmNode
 
-log = logging.getLogger("p2prl.learner.core")
+log = logging.getLogger(__name__)
 
 
 @dataclass

@@ -49,7 +49,7 @@ from p2prl.policy.weights import load_weights
 from p2prl.rollout.admission import RULES
 from p2prl.rollout.record import RecordError, RolloutGroup
 
-log = logging.getLogger("p2prl.learner.spotcheck")
+log = logging.getLogger(__name__)
 
 DEFAULT_TOLERANCE = 0.08
 """Mean |logq - logp| per token above which a checked completion is forged (``trust.spot_check_tolerance`` = 0);

@@ -95,19 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
         i = argv.index("--task")
         return math_base.main(argv[:i] + argv[i + 2 :])
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--task", choices=[*sorted(TASKS), "math"], default="addition",
-                    help="math: the word-problem chat model (see --task math --help)")
-    ap.add_argument("--out", type=Path, default=None, help="default: p2prl/assets/base (addition), "
-                    "p2prl/assets/addition-scratchpad (addition-scratchpad)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--digits", type=int, default=2)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3000)
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--carry-drop", type=float, default=0.65)
+    ap = _parser()
     args = ap.parse_args(argv)
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
@@ -121,25 +109,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error(f"--digits {args.digits}: prompts and completions of up to {longest} tokens do not fit the "
                  f"model's {model.config.max_position_embeddings} positions")
     started, wall = time.process_time(), time.time()
-    rng = random.Random(args.seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
-    model.train()
-    for step in range(args.steps):
-        probs = [task.problem(rng.randrange(10**9)) for _ in range(args.batch)]
-        texts = [p.prompt + flawed_completion(task, *map(int, p.prompt[:-1].split("+")), args.carry_drop, rng)
-                 for p in probs]
-        enc = [tok(t).input_ids + [tok.eos_token_id] for t in texts]
-        T = max(map(len, enc))
-        ids = torch.full((len(enc), T), tok.pad_token_id)
-        labels = torch.full((len(enc), T), -100)
-        for i, (e, p) in enumerate(zip(enc, probs)):
-            ids[i, : len(e)] = torch.tensor(e)
-            n_prompt = len(p.prompt)
-            labels[i, n_prompt : len(e)] = torch.tensor(e[n_prompt:])
-        loss = supervised_step(model, opt, sched, ids, labels)
-        if step % 250 == 0 or step == args.steps - 1:
-            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+    _train(model, tok, task, args)
     cpu_s = time.process_time() - started
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
@@ -152,6 +122,53 @@ def main(argv: list[str] | None = None) -> None:
     acc = heldout_accuracy(load_policy(out), task, 512)
     no_carry = statistics.fmean(no_carry_needed(p.prompt) for p in task.heldout(512))
     print(f"greedy held-out accuracy {acc:.3f} (share of held-out problems needing no carry: {no_carry:.3f})")
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--task", choices=[*sorted(TASKS), "math"], default="addition",
+                    help="math: the word-problem chat model (see --task math --help)")
+    ap.add_argument("--out", type=Path, default=None, help="default: p2prl/assets/base (addition), "
+                    "p2prl/assets/addition-scratchpad (addition-scratchpad)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--digits", type=int, default=2)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3000)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--carry-drop", type=float, default=0.65)
+    return ap
+
+
+def _train(model, tok, task, args: argparse.Namespace) -> None:
+    """``args.steps`` supervised steps on batches of flawed completions; the loss every 250 steps."""
+    rng = random.Random(args.seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.05)
+    model.train()
+    for step in range(args.steps):
+        ids, labels = _batch(tok, task, rng, args.batch, args.carry_drop)
+        loss = supervised_step(model, opt, sched, ids, labels)
+        if step % 250 == 0 or step == args.steps - 1:
+            print(f"step {step:5d}  loss {loss:.4f}", flush=True)
+
+
+def _batch(tok, task, rng: random.Random, size: int, carry_drop: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``size`` random problems with ``flawed_completion``s: the token ids, padded, and the labels (-100 on the
+    prompt and the padding)."""
+    probs = [task.problem(rng.randrange(10**9)) for _ in range(size)]
+    texts = [p.prompt + flawed_completion(task, *map(int, p.prompt[:-1].split("+")), carry_drop, rng)
+             for p in probs]
+    enc = [tok(t).input_ids + [tok.eos_token_id] for t in texts]
+    T = max(map(len, enc))
+    ids = torch.full((len(enc), T), tok.pad_token_id)
+    labels = torch.full((len(enc), T), -100)
+    for i, (e, p) in enumerate(zip(enc, probs)):
+        ids[i, : len(e)] = torch.tensor(e)
+        n_prompt = len(p.prompt)
+        labels[i, n_prompt : len(e)] = torch.tensor(e[n_prompt:])
+    return ids, labels
 
 
 def no_carry_needed(prompt: str) -> bool:

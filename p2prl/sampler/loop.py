@@ -58,7 +58,7 @@ from p2prl.swarm.runconfig import check as check_run_config
 from p2prl.swarm.transport import HivemindTransport
 from p2prl.tasks import make_task
 
-log = logging.getLogger("p2prl.sampler.core")
+log = logging.getLogger(__name__)
 
 FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it names from it, no holders look-up
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions

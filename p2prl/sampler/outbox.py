@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from p2prl.config import FlowConfig
     from p2prl.swarm.dht import PeerRecord
 
-log = logging.getLogger("p2prl.sampler.core")
+log = logging.getLogger(__name__)
 
 DONE_STATES = {"trained", "dropped", "rejected"}
 UNREAD_REASONS = ("banned", "oversized", "internal")  # rejections that may come before a learner read the group's id

@@ -32,7 +32,7 @@ from p2prl.config import Config, ConfigError, usable_file
 from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
 from p2prl.swarm.owned import peer_id_of
 
-log = logging.getLogger("p2prl.authority")
+log = logging.getLogger(__name__)
 
 RUN_DOMAIN = b"p2prl/run-record/v1\0"  # domain separation: a signature of one kind never verifies as another
 POLICY_DOMAIN = b"p2prl/policy-record/v1\0"

@@ -60,7 +60,7 @@ from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
 if TYPE_CHECKING:
     from p2prl.swarm.node import SwarmNode
 
-log = logging.getLogger("p2prl.averaging")
+log = logging.getLogger(__name__)
 
 
 SCALE_BITS = 24  # resolution of a gradient value: 2**-24 (6e-8)

@@ -24,7 +24,7 @@ from p2prl.swarm import owned, peerbook
 from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
 from p2prl.swarm.peerbook import KnownPeer
 
-log = logging.getLogger("p2prl.bootstrap")
+log = logging.getLogger(__name__)
 
 STATUS_PERIOD_S = 30.0
 STARTUP_TIMEOUT_S = 30.0

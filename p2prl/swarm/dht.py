@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from p2prl import PROTOCOL_VERSION, __version__
 from p2prl.swarm import owned
 
-log = logging.getLogger("p2prl.dht")
+log = logging.getLogger(__name__)
 
 LOOPBACK_MADDR = "/ip4/127.0.0.1/tcp/0"
 
@@ -144,7 +144,7 @@ def _kill_dht(dht) -> None:
 
 def _p2pd_of(pid: int) -> list[int]:
     """The live p2pd children of process ``pid``, from /proc (Linux; elsewhere none)."""
-    from p2prl.launch.procs import children_of
+    from p2prl.procs import children_of
 
     out = []
     for child in children_of(pid):
@@ -190,7 +190,7 @@ def _owned_dht_class():
     signal: a crashed or SIGKILLed volunteer's helpers must not outlive it and hold its ports."""
     import hivemind
 
-    from p2prl.launch.procs import exit_with_parent
+    from p2prl.procs import exit_with_parent
 
     class OwnedDHT(hivemind.DHT):
         def __init__(self, *args, **kwargs):

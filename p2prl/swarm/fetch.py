@@ -22,7 +22,7 @@ from p2prl.swarm.node import FrameError, Refused, refused_reason, write_frame
 from p2prl.swarm.protocol import OK
 from p2prl.swarm.transport import WeightSource
 
-log = logging.getLogger("p2prl.fetch")
+log = logging.getLogger(__name__)
 
 MIN_SPLIT = 8 << 20  # bytes: a smaller blob comes from one holder (a second stream costs more than it saves)
 READ = 1 << 20  # bytes taken from the stream at a time

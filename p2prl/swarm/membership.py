@@ -21,7 +21,7 @@ from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord
 from p2prl.swarm.messages import MAX_HELLO_LEARNERS, HelloReply, HelloRequest
 from p2prl.swarm.node import SwarmNode
 
-log = logging.getLogger("p2prl.swarm.membership")
+log = logging.getLogger(__name__)
 
 
 class Membership:

@@ -30,7 +30,7 @@ import time
 from collections import Counter, deque
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-log = logging.getLogger("p2prl.monitor")
+log = logging.getLogger(__name__)
 
 MAX_LEARNERS = 64  # curves kept (the most recently seen learners)
 MAX_POINTS = 2000  # versions kept per learner

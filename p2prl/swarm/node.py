@@ -34,7 +34,7 @@ from p2prl.swarm.records import Records
 from p2prl.swarm.reputation import Reputation
 from p2prl.swarm.transport import Transport
 
-log = logging.getLogger("p2prl.node")
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 16
 Handler = Callable[[str, asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

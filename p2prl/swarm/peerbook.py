@@ -35,7 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from p2prl.config import write_atomically
 
-log = logging.getLogger("p2prl.peerbook")
+log = logging.getLogger(__name__)
 
 MAX_PEERS = 64  # the most recently seen are kept
 MAX_ADDRS = 4  # per peer

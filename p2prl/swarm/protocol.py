@@ -12,7 +12,7 @@ from typing import Callable
 
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, WeightsRequest
 
-log = logging.getLogger("p2prl.protocol")
+log = logging.getLogger(__name__)
 
 OK, BUSY, MISSING = b"\x00", b"\x01", b"\x02"
 

@@ -36,7 +36,7 @@ from typing import Awaitable, Callable
 
 import msgpack
 
-log = logging.getLogger("p2prl.reach")
+log = logging.getLogger(__name__)
 
 PROTOCOL = "p2prl/reach/1"
 MAX_MESSAGE = 4096  # bytes of a request or a reply

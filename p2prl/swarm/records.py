@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from p2prl.swarm.authority import Trust
     from p2prl.swarm.transport import Transport
 
-log = logging.getLogger("p2prl.node")
+log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 from p2prl.config import TrustConfig
 
-log = logging.getLogger("p2prl.reputation")
+log = logging.getLogger(__name__)
 
 # rejections an honest peer causes: the staleness rule at work, a learner behind or on another fork, a resend
 HONEST = frozenset(

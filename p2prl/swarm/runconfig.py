@@ -86,7 +86,7 @@ def check(run_configs: dict[str, RunConfigRecord], mine: RunConfigRecord, role: 
 
 
 # ---- run ids: start a run, or join one on purpose ------------------------------------------------------
-log = logging.getLogger("p2prl.runconfig")
+log = logging.getLogger(__name__)
 
 
 class RunIdTaken(ConfigError):

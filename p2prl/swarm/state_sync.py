@@ -24,7 +24,7 @@ from p2prl.swarm.dht import PolicyRecord
 from p2prl.swarm.messages import MAX_CONTROL_BYTES, MessageError, StateRequest, pack, unpack_map
 from p2prl.swarm.node import SwarmNode, read_frame, write_frame
 
-log = logging.getLogger("p2prl.swarm.state_sync")
+log = logging.getLogger(__name__)
 MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)
 MAX_STATE_IDS = 1 << 20
 HEADER_FIELDS = {"version": int, "sha256": str, "weight": int, "published": dict, "trained": list, "weights_len": int,

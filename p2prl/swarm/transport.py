@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ContextManager, Iter
 
 import msgpack
 
-from p2prl.launch.procs import exit_with_parent
+from p2prl.procs import exit_with_parent
 from p2prl.swarm import owned, peerbook
 from p2prl.swarm.dht import shutdown_dht, start_dht, wait_for_peers_file
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from p2prl.config import ConfigError
 
-log = logging.getLogger("p2prl.tasks")
+log = logging.getLogger(__name__)
 _RAW_SAID: set[tuple[str, str]] = set()  # (task, model) whose raw prompts were logged: once a process
 
 

@@ -34,7 +34,7 @@ import weakref
 from pathlib import Path
 
 from p2prl.config import TaskConfig
-from p2prl.launch.procs import exit_with_parent
+from p2prl.procs import exit_with_parent
 from p2prl.tasks import word_problems
 from p2prl.tasks.base import Problem, Task, TaskError
 
@@ -44,7 +44,7 @@ MAX_WORKERS = 4
 BUILTIN_SETS = {"builtin:word-problems": lambda: word_problems.rows()}  # task.path -> rows, generated
 PARENT_ENV = "P2PRL_REWARD_PARENT"  # a worker's parent pid: it exits once that process is gone
 
-log = logging.getLogger("p2prl")
+log = logging.getLogger(__name__)
 
 
 class MathTask(Task):

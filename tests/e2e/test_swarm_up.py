@@ -126,7 +126,7 @@ def test_swarm_up_names_a_learner_that_refuses_to_start_and_its_log_says_why(tmp
         said = "was made with another config"
         assert f"p2prl join: error: checkpoint in {ckpt} {said}" in err and err.count("p2prl join:") == 1, err
         text = log.read_text()
-        assert f"ERROR [learner] p2prl: checkpoint in {ckpt} {said}" in text, text
+        assert f"ERROR [learner] p2prl.cli: checkpoint in {ckpt} {said}" in text, text
         assert "Traceback" not in text and "Traceback" not in err, err
         wait_for(lambda: not alive(tree), 15, "every process of the tree to stop")
     finally:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from helpers.zygote import zygote
-from p2prl.launch.procs import ProcessGroups
+from p2prl.procs import ProcessGroups
 
 FAST = [
     "net.run_id=test", "net.heartbeat_s=1", "net.poll_s=0.3", "net.rpc_timeout_s=10",

@@ -70,7 +70,7 @@ from pathlib import Path
 
 import msgpack
 
-from p2prl.launch.procs import children_of
+from p2prl.procs import children_of
 from p2prl.swarm import owned
 from p2prl.swarm.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_signals
 

@@ -4,7 +4,7 @@ A new interpreter spends seconds of CPU importing torch, hivemind, transformers 
 modules before it joins; on a 2-core machine it competes for them with the peers already
 running, so a test that starts a peer mid-run waits tens of seconds. The zygote imports all that
 once per test session and forks each ``p2prl`` command it is asked for, as ``p2prl swarm up``
-forks its peers (``ProcessGroups.fork``): the child is a real separate process, in its own session,
+forks its peers (``p2prl.launch.fork``): the child is a real separate process, in its own session,
 with its own DHT process and p2pd, logging to its own file, and gets the caller's environment and
 working directory. The test process cannot fork them itself: it has run torch and has threads.
 
@@ -25,7 +25,8 @@ import time
 from importlib import import_module
 from pathlib import Path
 
-from p2prl.launch.procs import ProcessGroups, die_with_parent, fork_safe
+from p2prl.launch.fork import fork, fork_safe
+from p2prl.procs import ProcessGroups, die_with_parent
 
 READY_TIMEOUT_S = 120
 REPLY_TIMEOUT_S = 60
@@ -35,6 +36,7 @@ def serve() -> None:
     """The zygote's side: import, say whether forking is safe here, then answer requests until stdin closes."""
     for name in ("p2prl.cli", "p2prl.swarm.dht", "p2prl.learner.loop", "p2prl.sampler.loop"):
         import_module(name)
+    from p2prl.cli import main
     from p2prl.policy.model import preload
 
     preload("builtin")
@@ -49,7 +51,7 @@ def serve() -> None:
             os.environ.update(req["env"])
             log = Path(req["log"])
             group = ProcessGroups(log.parent, append=True, cwd=Path(req["cwd"]) if req["cwd"] else None)
-            child = group.fork(log.stem, req["args"])
+            child = fork(group, log.stem, main, req["args"])
             children[child.pid] = child
             reply = {"pid": child.pid}
         else:  # poll: reaps the child once it has exited

@@ -1,4 +1,4 @@
-"""``ProcessGroups.fork``: a ``p2prl`` command run in a fork of this process, logging to its own file."""
+"""``p2prl.launch.fork``: a ``p2prl`` command run in a fork of this process, logging to its own file."""
 
 import os
 import signal
@@ -7,15 +7,17 @@ import sys
 import pytest
 
 from p2prl import __version__
-from p2prl.launch.procs import ProcessGroups, fork_safe, wait_for_file
+from p2prl.cli import main
+from p2prl.launch.fork import fork, fork_safe
+from p2prl.procs import ProcessGroups, wait_for_file
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="forked peers are Linux only")
 
 
 def test_a_forked_command_logs_to_its_file_and_returns_its_exit_code(tmp_path):
     swarm = ProcessGroups(tmp_path)
-    ok = swarm.fork("version", ["--version"])
-    bad = swarm.fork("usage", ["swarm", "up", "--samplers", "0"])
+    ok = fork(swarm, "version", main, ["--version"])
+    bad = fork(swarm, "usage", main, ["swarm", "up", "--samplers", "0"])
     assert ok.wait(timeout=60) == 0 and ok.returncode == 0
     assert bad.wait(timeout=60) == 2
     assert (tmp_path / "version.log").read_text().strip() == f"p2prl {__version__}"
@@ -26,8 +28,8 @@ def test_a_forked_command_logs_to_its_file_and_returns_its_exit_code(tmp_path):
 def test_a_forked_bootstrap_runs_in_its_own_session_and_stops_with_its_helpers(tmp_path):
     swarm = ProcessGroups(tmp_path, grace_s=10)
     maddrs = tmp_path / "bootstrap.maddrs"
-    boot = swarm.fork("bootstrap", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                                    "--identity-path", str(tmp_path / "bootstrap.id"), "--maddrs-file", str(maddrs)])
+    boot = fork(swarm, "bootstrap", main, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                           "--identity-path", str(tmp_path / "bootstrap.id"), "--maddrs-file", str(maddrs)])
     try:
         assert "/ip4/127.0.0.1/tcp/" in wait_for_file(maddrs, boot, 60, "the bootstrap")
         assert os.getsid(boot.pid) == boot.pid != os.getsid(0)
@@ -46,8 +48,8 @@ def test_a_signal_sent_as_soon_as_fork_returns_reaches_the_child(tmp_path):
     swarm = ProcessGroups(tmp_path, grace_s=10)
     try:
         for i in range(3):
-            child = swarm.fork(f"b{i}", ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
-                                         "--identity-path", str(tmp_path / f"b{i}.id")])
+            child = fork(swarm, f"b{i}", main, ["bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+                                                "--identity-path", str(tmp_path / f"b{i}.id")])
             assert _session(child.pid) == child.pid
             swarm.signal(f"b{i}", signal.SIGKILL)
             assert child.wait(timeout=30) == -signal.SIGKILL

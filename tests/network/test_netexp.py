@@ -199,7 +199,7 @@ def test_the_hub_really_delays(tmp_path):
     try:
         a, b = lab.namespace("a"), lab.namespace("b")
         hub = lab.hub([a, b], [20.0, 300.0], LinkParams(), tmp_path / "ready", tmp_path / "stats.json")
-        from p2prl.launch.procs import wait_for_file
+        from p2prl.procs import wait_for_file
 
         wait_for_file(tmp_path / "ready", hub, 30, "the hub")
         server = lab.spawn_in("server", a, [sys.executable, "-c", SERVER, peer_address(0)])

@@ -85,7 +85,7 @@ def test_a_dht_process_that_outlives_its_grace_is_killed_without_hivemind_warnin
                                                                                    caplog):
     monkeypatch.setattr(dht_mod, "_p2pd_gone", lambda pid: False)
     d = FakeDHT(stops_in=None)
-    with caplog.at_level(logging.DEBUG, logger="p2prl.dht"):
+    with caplog.at_level(logging.DEBUG, logger="p2prl.swarm.dht"):
         dht_mod.shutdown_dht(d, grace_s=0.3)
     assert d.killed and not hivemind_lines
     assert "the DHT process is killed: it did not stop within 0.3 s" in caplog.text

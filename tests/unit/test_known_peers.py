@@ -46,7 +46,7 @@ def test_a_peer_starts_with_its_initial_peers_and_its_book(tmp_path, caplog):
     net = NetConfig(initial_peers=[BOOT])
     assert peerbook.known_initial_peers(net, path) == [BOOT]  # no book yet
     peerbook.save(path, [KnownPeer(A, ("/ip4/5.9.0.2/tcp/4001",), 1.0)])
-    with caplog.at_level(logging.INFO, "p2prl.peerbook"):
+    with caplog.at_level(logging.INFO, "p2prl.swarm.peerbook"):
         assert peerbook.known_initial_peers(net, path) == [BOOT, f"/ip4/5.9.0.2/tcp/4001/p2p/{A}"]
     assert "also dialling 1 peer(s) of the peers file" in caplog.text
     maddrs = tmp_path / "boot.maddrs"  # `p2prl swarm up`: the bootstrap's file gives the scope

@@ -5,8 +5,11 @@
   ``if`` / ``try``) or those inside functions too (lazy imports, which keep torch and hivemind
   out of ``p2prl --help``): a lazy import defers a dependency, it does not remove it, and a
   cycle through one still ties a low-level module to everything above it (one that lazily
-  imports the CLI depends on all that the CLI imports). Imports under ``if TYPE_CHECKING:``,
+  imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")`` with the
+  module's name written out counts as a lazy import of it. Imports under ``if TYPE_CHECKING:``,
   which never run, never count.
+* Every module logs by its own name, ``logging.getLogger(__name__)``.
+* No class is over 300 lines, no function or method over 60.
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
   (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
@@ -63,8 +66,11 @@ def _import_time_nodes(tree: ast.AST, lazy: bool = False):
         yield from _import_time_nodes(child, lazy)
 
 
-def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
-    """The p2prl modules an import statement loads explicitly."""
+def _targets(module: str, node: ast.Import | ast.ImportFrom | ast.Call) -> list[str]:
+    """The p2prl modules an import statement (or an ``import_module`` call) loads explicitly."""
+    if isinstance(node, ast.Call):
+        name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+        return [name] if name in MODULES else []
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name in MODULES]
     source = _absolute(module, node)
@@ -75,11 +81,20 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom) -> list[str]:
     return subs + ([source] if plain else [])
 
 
+def _is_import(node: ast.AST) -> bool:
+    """An import statement, or a call of ``import_module`` / ``importlib.import_module``."""
+    if isinstance(node, ast.Call):
+        func = node.func
+        return (func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute)
+                else None) == "import_module"
+    return isinstance(node, (ast.Import, ast.ImportFrom))
+
+
 def import_graph(lazy: bool = False) -> dict[str, set[str]]:
     """module -> the p2prl modules it imports when imported (``lazy``: or in any of its functions)."""
     graph = {}
     for name, (_, tree) in MODULES.items():
-        graph[name] = {t for n in _import_time_nodes(tree, lazy) if isinstance(n, (ast.Import, ast.ImportFrom))
+        graph[name] = {t for n in _import_time_nodes(tree, lazy) if _is_import(n)
                        for t in _targets(name, n) if t != name}
     return graph
 
@@ -179,12 +194,13 @@ def transport_internals() -> list[str]:
 
 
 def test_the_checks_see_the_package():
-    assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.launch.procs", "p2prl.algo"} <= set(MODULES)
-    graph = import_graph()
+    assert {"p2prl.cli", "p2prl.experiments.grid", "p2prl.procs", "p2prl.launch.fork", "p2prl.algo"} <= set(MODULES)
+    graph, lazy = import_graph(), import_graph(lazy=True)
     assert "p2prl.experiments.grid" in graph["p2prl.experiments.latency"]
-    assert "p2prl.launch.procs" in graph["p2prl.launch.local"]
+    assert "p2prl.launch.fork" in graph["p2prl.launch.local"]
     assert "p2prl.launch.local" not in graph["p2prl.cli"]  # imported inside _cmd_swarm
-    assert "p2prl.launch.local" in import_graph(lazy=True)["p2prl.cli"]
+    assert "p2prl.launch.local" in lazy["p2prl.cli"]
+    assert "p2prl.learner.loop" in lazy["p2prl.launch.local"]  # import_module("p2prl.learner.loop"), to preload it
 
 
 def test_the_checks_can_fail():
@@ -192,18 +208,27 @@ def test_the_checks_can_fail():
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     assert every_cycle({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"], ["b", "c", "b"]]
     probe = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    import p2prl.cli\n"
-                      "def f():\n    from p2prl.launch import procs\n")
+                      "def f():\n    from p2prl import procs\n    importlib.import_module('p2prl.cli')\n"
+                      "    import_module(name)\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", probe)
     try:
         assert import_graph()["p2prl._layout_probe"] == set()
-        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.launch.procs"}
+        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.procs", "p2prl.cli"}
     finally:
         del MODULES["p2prl._layout_probe"]
-    tree = ast.parse("import p2prl.config as c\nfrom p2prl.launch.procs import _x\nc._y\n")
+    tree = ast.parse("import logging\nlogging.getLogger(__name__)\nlogging.getLogger('hivemind.dht')\n"
+                     "logging.getLogger('p2prl.node')\nlogging.getLogger(NAME)\n")
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
+    try:
+        assert [u for u in foreign_loggers() if u.startswith("p2prl._layout_probe")] == [
+            "p2prl._layout_probe:4: logging.getLogger('p2prl.node')", "p2prl._layout_probe:5: logging.getLogger(NAME)"]
+    finally:
+        del MODULES["p2prl._layout_probe"]
+    tree = ast.parse("import p2prl.config as c\nfrom p2prl.procs import _x\nc._y\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", tree)
     try:
         assert sorted(u for u in private_uses() if u.startswith("p2prl._layout_probe")) == [
-            "p2prl._layout_probe:2: imports _x from p2prl.launch.procs",
+            "p2prl._layout_probe:2: imports _x from p2prl.procs",
             "p2prl._layout_probe:3: uses p2prl.config._y",
         ]
     finally:
@@ -217,6 +242,20 @@ def test_the_checks_can_fail():
             "p2prl._layout_probe:2: transport.p2p",
             "p2prl._layout_probe:3: getattr(node.transport, 'dht', None)",
         ]
+    finally:
+        del MODULES["p2prl._layout_probe"]
+
+
+def test_the_size_check_can_fail():
+    def lines(n: int, indent: str) -> str:
+        return "".join(f"{indent}x = {i}\n" for i in range(n))
+
+    source = ("class C:\n    def short(self):\n        pass\n\n    def long(self):\n" + lines(60, " " * 8)
+              + "\ndef fits():\n" + lines(59, " " * 4) + "\nclass Big:\n" + lines(300, " " * 4))
+    MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", ast.parse(source))
+    try:
+        assert [f for f in oversized() if f.startswith("p2prl._layout_probe")] == [
+            "p2prl._layout_probe.C.long: 61 lines", "p2prl._layout_probe.Big: 301 lines"]
     finally:
         del MODULES["p2prl._layout_probe"]
 
@@ -252,3 +291,61 @@ def test_no_module_uses_another_modules_private_names():
 def test_nothing_reaches_past_the_transport_seam():
     found = transport_internals()
     assert not found, "a transport's hivemind objects used outside transport.py:\n  " + "\n  ".join(found)
+
+
+def foreign_loggers() -> list[str]:
+    """``module:line: getLogger(...)`` for every logger of p2prl's that is not its module's own: a module logs as
+    ``logging.getLogger(__name__)``; ``getLogger()`` (the root) and other packages' loggers (hivemind's, named in
+    the call or by a module-level constant) are not p2prl's."""
+    found = []
+    for name, (_, tree) in MODULES.items():
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "getLogger" and node.args):
+                continue
+            arg = node.args[0]
+            if isinstance(arg, ast.Name) and arg.id == "__name__":
+                continue
+            value = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", None))
+            if isinstance(value, str) and value.split(".")[0] != "p2prl":
+                continue
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_every_module_logs_by_its_own_name():
+    found = foreign_loggers()
+    assert not found, "loggers not named by __name__:\n  " + "\n  ".join(found)
+
+
+MAX_CLASS_LINES = 300
+MAX_FUNCTION_LINES = 60
+
+
+def oversized() -> list[str]:
+    """``module.Qualified.name: N lines`` for every class over ``MAX_CLASS_LINES`` lines and every function or method
+    over ``MAX_FUNCTION_LINES`` (from its ``def`` or ``class`` line to its last line, docstring included)."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                name = f"{prefix}.{child.name}"
+                lines = child.end_lineno - child.lineno + 1
+                limit = MAX_CLASS_LINES if isinstance(child, ast.ClassDef) else MAX_FUNCTION_LINES
+                if lines > limit:
+                    found.append(f"{name}: {lines} lines")
+                visit(child, name)
+            else:
+                visit(child, prefix)
+
+    for module, (_, tree) in MODULES.items():
+        visit(tree, module)
+    return found
+
+
+def test_no_class_over_300_lines_and_no_function_over_60():
+    found = oversized()
+    assert not found, "too long:\n  " + "\n  ".join(found)

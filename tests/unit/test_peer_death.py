@@ -1,6 +1,7 @@
 """A peer that dies is named, with why: `p2prl swarm up` says which child ended, its exit code or signal and the last
 lines of its log, and an uncaught exception's traceback lands in the peer's log (a --log-file too)."""
 
+import runpy
 import signal
 import subprocess
 import sys
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from p2prl.launch import procs
+from p2prl.launch.fork import fork
 from p2prl.launch.local import watch
-from p2prl.launch.procs import ProcessGroups, exit_reason, log_tail
+from p2prl.procs import ProcessGroups, exit_reason, log_tail
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -116,9 +117,9 @@ if __name__ == "__main__":
 
 
 def check_traceback_logged(text: str) -> None:
-    assert "CRITICAL [learner] p2prl: uncaught RuntimeError: the peer stops" in text, text
+    assert "CRITICAL [learner] p2prl.log: uncaught RuntimeError: the peer stops" in text, text
     assert text.count("Traceback (most recent call last)") == 2 and text.count("RuntimeError: boom") == 1, text
-    assert "ERROR [learner] p2prl: uncaught ZeroDivisionError in thread helper" in text, text
+    assert "ERROR [learner] p2prl.log: uncaught ZeroDivisionError in thread helper" in text, text
 
 
 def test_an_uncaught_exception_of_a_new_interpreter_lands_in_its_log_file(tmp_path):
@@ -132,15 +133,14 @@ def test_an_uncaught_exception_of_a_new_interpreter_lands_in_its_log_file(tmp_pa
 
 
 @pytest.mark.parametrize("to_log", [True, False], ids=["stderr-to-log", "log-file"])
-def test_an_uncaught_exception_of_a_forked_peer_lands_in_its_log(tmp_path, monkeypatch, capfd, to_log):
+def test_an_uncaught_exception_of_a_forked_peer_lands_in_its_log(tmp_path, capfd, to_log):
     """As `swarm up` forks its peers: a sampler's stderr is its log; the first learner's is the terminal and its
     --log-file takes the log lines, the traceback among them."""
     (tmp_path / "fake_cli.py").write_text(UNCAUGHT)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(procs, "CLI_MODULE", "fake_cli")
+    main = runpy.run_path(str(tmp_path / "fake_cli.py"))["main"]
     group = ProcessGroups(tmp_path)
     log = tmp_path / "learner.log"
-    child = group.fork("learner", [] if to_log else [str(log)], log=to_log)
+    child = fork(group, "learner", main, [] if to_log else [str(log)], log=to_log)
     try:
         assert child.wait(timeout=60) == 1
     finally:

@@ -46,7 +46,7 @@ def test_missing_book_is_empty_without_a_warning(tmp_path, caplog):
 def test_damaged_book_is_ignored_with_a_warning(tmp_path, caplog, text):
     path = tmp_path / "boot.peers.json"
     path.write_bytes(text.encode("latin-1") if text == "\xff\xfe" else text.encode())
-    with caplog.at_level(logging.WARNING, "p2prl.peerbook"):
+    with caplog.at_level(logging.WARNING, "p2prl.swarm.peerbook"):
         assert peerbook.load(str(path)) == []
     assert len(caplog.records) == 1 and str(path) in caplog.records[0].getMessage()
 
@@ -80,7 +80,7 @@ def test_initial_peers_become_book_entries():
 
 
 def test_live_peer_count_is_logged_and_a_long_zero_is_a_warning(caplog):
-    with caplog.at_level(logging.INFO, "p2prl.bootstrap"):
+    with caplog.at_level(logging.INFO, "p2prl.swarm.bootstrap"):
         _log_status(Status(live=3, connections=4, redialed=1, seen=[]), 0.0, 30.0)
         _log_status(Status(live=0, connections=0, redialed=0, seen=[]), ALONE_WARN_S / 2, 30.0)
         _log_status(Status(live=0, connections=1, redialed=0, seen=[]), ALONE_WARN_S, 30.0)
@@ -114,7 +114,7 @@ def test_an_unwritable_peers_file_is_a_warning_once(tmp_path, caplog):
     blocker = tmp_path / "file"
     blocker.write_text("")
     book = [KnownPeer(A, ("/ip4/127.0.0.1/tcp/4001",), 1.0)]
-    with caplog.at_level(logging.WARNING, "p2prl.bootstrap"):
+    with caplog.at_level(logging.WARNING, "p2prl.swarm.bootstrap"):
         assert not _save_book(f"{blocker}/peers.json", book, warn=True)
         assert not _save_book(f"{blocker}/peers.json", book, warn=False)
     assert len(caplog.records) == 1 and "--peers-file" in caplog.records[0].getMessage()

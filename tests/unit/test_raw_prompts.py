@@ -25,7 +25,7 @@ def test_raw_prompts_of_auto_are_logged_once(tok, caplog, monkeypatch):
     monkeypatch.setattr(base, "_RAW_SAID", set())
     task = make_task(TaskConfig(name="math", path="builtin"))  # chat_template = "auto"
     raw = make_task(TaskConfig(name="math", path="builtin", chat_template="never"))
-    with caplog.at_level(logging.INFO, logger="p2prl.tasks"):
+    with caplog.at_level(logging.INFO, logger="p2prl.tasks.base"):
         for i in range(3):  # every prompt asks; one line says it
             assert render_prompt(tok, task, task.problem(i)) == render_prompt(tok, raw, raw.problem(i))
     (line,) = said(caplog)
@@ -37,7 +37,7 @@ def test_raw_prompts_of_auto_are_logged_once(tok, caplog, monkeypatch):
 def test_no_line_when_raw_prompts_are_asked_for_or_a_template_is_used(tok, caplog, monkeypatch):
     monkeypatch.setattr(base, "_RAW_SAID", set())
     never = make_task(TaskConfig(name="math", path="builtin", chat_template="never"))
-    with caplog.at_level(logging.INFO, logger="p2prl.tasks"):
+    with caplog.at_level(logging.INFO, logger="p2prl.tasks.base"):
         render_prompt(tok, never, never.problem(0))
         tok.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
         auto = make_task(TaskConfig(name="math", path="builtin"))

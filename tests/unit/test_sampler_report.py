@@ -67,7 +67,7 @@ def sampler() -> Sampler:
 
 def test_only_the_first_loaded_version_is_an_info_line_and_loads_are_counted(caplog):
     s = sampler()
-    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.core"):
+    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.loop"):
         for v in (0, 1, 3):
             s.load("L" * 12, PolicyRecord(version=v, sha256=f"{v:x}" * 64, size=1), bytearray(b"w"))
     loaded = [r for r in caplog.records if r.getMessage().startswith("loaded policy")]
@@ -98,7 +98,7 @@ def outbox(n: int) -> Outbox:
 def test_busy_answers_and_repeated_failures_are_debug_lines_after_the_first(caplog):
     box = outbox(4)
     _, batch = box.next_batch([SimpleNamespace(peer_id="L1", queue_depth=0, throughput=0.0)], 1.0, 0.0, 10**6)
-    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.core"):
+    with caplog.at_level(logging.DEBUG, logger="p2prl.sampler.outbox"):
         box.batch_answered("L1", [p.group.group_id for p in batch], [("busy", "")] * len(batch), 4, 0, 0.1, 0.0)
         for _ in range(3):
             box.failed("L1", "asking for acks (TimeoutError)", 0.0)

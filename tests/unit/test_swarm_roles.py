@@ -140,7 +140,7 @@ def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
         asyncio.run(go())
         return w.data
 
-    with caplog.at_level(logging.WARNING, logger="p2prl.protocol"):
+    with caplog.at_level(logging.WARNING, logger="p2prl.swarm.protocol"):
         assert ask(b"\x93garbage") == b""
         assert ask(pack({"version": "3", "sha256": "ab" * 32})) == b""
     assert store.bad_requests == 2
@@ -241,6 +241,7 @@ def test_a_record_arriving_while_the_learner_stops_is_left_unanswered_without_a_
     async def late():  # the reader is made inside the loop, as on a real stream
         await served(learner)["rollout"]("peer", frame(b"record"), w)
 
-    with caplog.at_level(logging.DEBUG, logger="p2prl.learner"):
+    with caplog.at_level(logging.DEBUG, logger="p2prl.learner.intake"):
         asyncio.run(late())
-    assert w.data == b"" and not [r for r in caplog.records if r.name == "p2prl.learner" and r.levelno >= logging.WARNING]
+    assert w.data == b"" and not [r for r in caplog.records
+                                  if r.name == "p2prl.learner.intake" and r.levelno >= logging.WARNING]

@@ -37,7 +37,7 @@ def test_the_wait_ends_when_the_nth_distinct_sampler_is_seen(caplog):
     clock = Clock()
     stop = Stop(clock)
     seen = arrivals({0: {"s1"}, 3: {"s1", "s2"}, 7: {"s3"}, 50: {"s4"}}, clock)  # s1 seen twice counts once
-    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.loop"):
         got = wait_for_samplers(3, seen, stop, timeout_s=60, poll_s=1.0, clock=clock)
     assert got == {"s1", "s2", "s3"} and clock.t == 7
     msgs = [r.getMessage() for r in caplog.records]
@@ -48,7 +48,7 @@ def test_the_wait_ends_when_the_nth_distinct_sampler_is_seen(caplog):
 def test_the_wait_gives_up_after_its_timeout_and_says_so(caplog):
     clock = Clock()
     stop = Stop(clock)
-    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.loop"):
         got = wait_for_samplers(3, arrivals({2: {"s1", "s2"}}, clock), stop, timeout_s=10, poll_s=1.0, clock=clock)
     assert got == {"s1", "s2"} and clock.t == 10
     assert caplog.records[-1].levelno == logging.WARNING
@@ -58,7 +58,7 @@ def test_the_wait_gives_up_after_its_timeout_and_says_so(caplog):
 def test_no_wait_when_enough_samplers_are_there_or_the_learner_stops(caplog):
     clock = Clock()
     stop = Stop(clock)
-    with caplog.at_level(logging.INFO, logger="p2prl.learner.core"):
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.loop"):
         assert wait_for_samplers(2, lambda: {"a", "b", "c"}, stop, 10, 1.0, clock) == {"a", "b", "c"}
     assert stop.waits == 0 and [r.getMessage() for r in caplog.records] == ["3 samplers joined after 0.0 s; training starts"]
     stop.set()

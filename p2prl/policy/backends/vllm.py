@@ -33,7 +33,7 @@ from safetensors.torch import load as st_load
 from p2prl.policy.backends.base import Completions
 from p2prl.policy.model import PolicyLoadError
 
-log = logging.getLogger("p2prl.policy.vllm")
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "the vLLM backend (sampling.backend = \"vllm\") needs vLLM: pip install -e '.[vllm]' on a CUDA machine, "

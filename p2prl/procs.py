@@ -5,39 +5,23 @@ sends SIGTERM to the peer alone, so that it shuts its helpers down in order (sig
 the whole group would kill p2pd under a peer still talking to it: tracebacks and
 "terminating it the hard way"), then SIGKILLs the group, removing whatever outlived the
 grace period, so no child is left behind. On Linux every child also gets SIGTERM when
-the process that started it dies (``PR_SET_PDEATHSIG``), even by SIGKILL. Used by
-``p2prl swarm up``, the network experiment and the tests' swarm helper.
-
-``fork`` starts a ``p2prl`` command as a fork of this process instead of a new interpreter:
-the child inherits every module this process has imported (torch, transformers and
-hivemind take seconds of CPU each to import), so a peer is up in a fraction of the time.
-It is Linux only, and the forking process must not have run torch operations or started
-threads first (``fork_safe`` says whether it may).
+the process that started it dies (``PR_SET_PDEATHSIG``), even by SIGKILL, and a helper
+process exits once its parent is gone (``exit_with_parent``). Used by ``p2prl swarm up``,
+the network experiment, a peer's DHT process, averager and reward workers, and the tests'
+swarm helper. It imports nothing of p2prl: ``p2prl.launch.fork`` starts a peer in a fork
+of this process.
 """
 
 from __future__ import annotations
 
 import ctypes
-import multiprocessing as mp
 import os
-import random
 import threading
 import signal
 import subprocess
 import sys
 import time
-from importlib import import_module
 from pathlib import Path
-
-CLI_MODULE = "p2prl.cli"
-"""The ``p2prl`` command's module, which ``cli_command`` and a forked child run by name: importing it here would tie
-this module to everything the CLI imports (the experiments among them, which start their peers with this one)."""
-
-
-def cli_command(*args: str) -> list[str]:
-    """The command line of ``p2prl <args>`` with this interpreter."""
-    return [sys.executable, "-m", CLI_MODULE, *args]
-
 
 _PR_SET_PDEATHSIG = 1
 
@@ -127,27 +111,6 @@ class ProcessGroups:
         self.procs[name] = p
         return p
 
-    def fork(self, name: str, args: list[str], *, log: bool = True) -> "ForkedChild":
-        """Run ``p2prl <args>`` as child ``name`` in a fork of this process (see the module's text);
-        stdout and stderr go to its log (``log=False``: to ours)."""
-        out = None if not log else (self.logs / f"{name}.log", self.append)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        proc = mp.get_context("fork").Process(target=_forked_cli, args=(args, out, os.getpid(), self.cwd), name=name)
-        proc.start()
-        # as with spawn (start_new_session): the child has its own session once this returns, so that a
-        # signal to its group reaches it even when it is sent at once (before, killpg found no such group)
-        deadline = time.monotonic() + 10
-        while proc.is_alive() and time.monotonic() < deadline:
-            try:
-                if os.getsid(proc.pid) == proc.pid:
-                    break
-            except ProcessLookupError:
-                break
-            time.sleep(0.001)
-        self.procs[name] = child = ForkedChild(proc)
-        return child
-
     def signal(self, name: str, sig: int = signal.SIGTERM) -> None:
         signal_group(self.procs[name], sig)
 
@@ -180,67 +143,6 @@ class ProcessGroups:
                 p.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-
-
-def fork_safe() -> bool:
-    """Whether ``ProcessGroups.fork`` may be used here: Linux, and no thread but this one."""
-    return sys.platform.startswith("linux") and threading.active_count() == 1
-
-
-def _forked_cli(args: list[str], out: tuple[Path, bool] | None, parent: int, cwd: Path | None) -> None:
-    """The child's side of ``ProcessGroups.fork``: what ``spawn`` gives a new interpreter, then ``p2prl <args>``."""
-    os.setsid()
-    fd = os.open(os.devnull, os.O_RDONLY)  # stdin: nothing, not the parent's (spawn gives DEVNULL too)
-    os.dup2(fd, 0)
-    os.close(fd)
-    if (die := die_with_parent(parent)) is not None:
-        die()
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # the parent's handlers are not this peer's
-        signal.signal(sig, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    if out is not None:
-        path, append = out
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-        # print, logging and tqdm write through these, whatever the parent had put in their place
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
-    if cwd is not None:
-        os.chdir(cwd)
-    random.seed()  # not the parent's sequence, nor a sibling's
-    sys.argv = ["p2prl", *args]
-    try:
-        code = import_module(CLI_MODULE).main(args)
-    except Exception:  # what a new interpreter does (multiprocessing would print it past the peer's logging)
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    sys.exit(code)
-
-
-class ForkedChild:
-    """The ``subprocess.Popen`` face of a child started by ``ProcessGroups.fork``."""
-
-    def __init__(self, proc: mp.Process):
-        self._proc = proc
-        self.pid = proc.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.exitcode  # negative: killed by that signal, as Popen says it
-
-    def poll(self) -> int | None:
-        return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        self._proc.join(timeout)
-        if self._proc.exitcode is None:
-            raise subprocess.TimeoutExpired(f"p2prl {self._proc.name}", timeout)
-        return self._proc.exitcode
-
-    def terminate(self) -> None:
-        self._proc.terminate()
 
 
 def _terminate(p: subprocess.Popen) -> None:
