@@ -122,8 +122,8 @@ class Peer:
         import hivemind
         import torch
 
-        from p2prl.swarm import averaging
-        from p2prl.swarm.averaging import GradientRounds
+        from p2prl.net import averaging
+        from p2prl.net.averaging import GradientRounds
 
         self.index, self.n = index, n
         self.rounds = GradientRounds(node, f"bench/exact{n}", n, target_group_size=2, wait_s=wait_s,
@@ -195,7 +195,7 @@ class Peer:
                 tensors[0].copy_(self.grad)
 
     def run(self, kind: str, r: int) -> dict:
-        from p2prl.swarm.averaging import RoundFailed
+        from p2prl.net.averaging import RoundFailed
 
         PHASE.clear()
         err, out = "", None
@@ -238,8 +238,8 @@ class Peer:
 def start_node(peers: list[str]):
     """A learner's node on 127.0.0.1 (its DHT, and the loop its gradient rounds' streams run on)."""
     from p2prl.config import NetConfig
-    from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.transport import HivemindTransport
+    from p2prl.net.node import SwarmNode
+    from p2prl.net.transport import HivemindTransport
 
     net = NetConfig(run_id="bench", initial_peers=peers, loopback=True, bootstrap_timeout_s=60)
     return SwarmNode(net, "learner", HivemindTransport.join(net))
@@ -300,7 +300,7 @@ def main() -> None:
         cmd_fd, reply_fd, maddr, log_path = args.peer
         return serve_peer(int(cmd_fd), int(reply_fd), maddr, log_path, args.wait_s, args.timeout_s)
 
-    from p2prl.swarm.averaging import buffer_size
+    from p2prl.net.averaging import buffer_size
 
     logging.basicConfig(level=logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))

@@ -55,7 +55,7 @@ from flood import versions_per_s  # noqa: E402
 from p2prl.launch.fork import cli_command, fork  # noqa: E402
 from p2prl.metrics import read_jsonl  # noqa: E402
 from p2prl.procs import ProcessGroups, wait_for_file  # noqa: E402
-from p2prl.swarm.owned import MAX_BYTES_SUBKEYS  # noqa: E402
+from p2prl.trust.owned import MAX_BYTES_SUBKEYS  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 VANDAL = ROOT / "tests" / "helpers" / "vandal_peer.py"
@@ -279,7 +279,7 @@ def preload() -> bool:
     from p2prl.launch.fork import fork_safe
     from p2prl.policy.model import preload as preload_model
 
-    for name in ("p2prl.cli", "p2prl.swarm.dht", "p2prl.sampler.loop"):
+    for name in ("p2prl.cli", "p2prl.net.dht", "p2prl.sampler.loop"):
         import_module(name)
     preload_model("builtin")
     return fork_safe()

@@ -69,9 +69,9 @@ def serve(info_path: str) -> None:
 
     from p2prl.config import FlowConfig
     from p2prl.rollout.record import Limits, decode_group
-    from p2prl.swarm.node import SwarmNode, read_frame, write_frame
-    from p2prl.swarm.transport import HivemindTransport
-    from p2prl.swarm.protocol import batch_frame_limit, decode_batch, pack
+    from p2prl.net.node import SwarmNode, read_frame, write_frame
+    from p2prl.net.transport import HivemindTransport
+    from p2prl.net.protocol import batch_frame_limit, decode_batch, pack
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -169,8 +169,8 @@ def stop_child(proc: subprocess.Popen) -> None:
 def receiver():
     """(this process's sampler node, the receiver's peer id): a receiver child (``serve``) and a node joined
     to it; both stopped, and their files removed, on the way out."""
-    from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.transport import HivemindTransport
+    from p2prl.net.node import SwarmNode
+    from p2prl.net.transport import HivemindTransport
 
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
     proc = node = None
@@ -219,7 +219,7 @@ def main() -> None:
     from hivemind.p2p import PeerID
 
     from p2prl.rollout.record import decode_group
-    from p2prl.swarm.protocol import MAX_CONTROL_BYTES, unpack_map
+    from p2prl.net.protocol import MAX_CONTROL_BYTES, unpack_map
 
     with receiver() as (node, target):
         pid = PeerID.from_base58(target)
@@ -342,7 +342,7 @@ def main() -> None:
 def batched(rounds: int) -> None:
     """groups/s of G=8, T=512 records: ``rollouts`` batches vs one ``rollout`` stream per group, in one run."""
     from p2prl.config import FlowConfig
-    from p2prl.swarm.protocol import MAX_CONTROL_BYTES, encode_batch, unpack_map
+    from p2prl.net.protocol import MAX_CONTROL_BYTES, encode_batch, unpack_map
 
     G, T, n, per_batch = 8, 512, 128, FlowConfig().max_batch_groups
     with receiver() as (node, target):

@@ -75,10 +75,10 @@ def serve(info_path: str, peer: str | None) -> None:
 
     from p2prl.config import FlowConfig
     from p2prl.policy.weights import serialize_weights
-    from p2prl.swarm.dht import PolicyRecord
-    from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.transport import HivemindTransport
-    from p2prl.swarm.protocol import WeightStore, weights_handler
+    from p2prl.net.dht import PolicyRecord
+    from p2prl.net.node import SwarmNode
+    from p2prl.net.transport import HivemindTransport
+    from p2prl.net.protocol import WeightStore, weights_handler
 
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -141,19 +141,19 @@ def main() -> None:
     from hivemind.p2p import PeerID
 
     from p2prl.sampler.loop import Sampler
-    from p2prl.swarm.dht import PolicyRecord
-    from p2prl.swarm.fetch import MIN_SPLIT
-    from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.transport import HivemindTransport
+    from p2prl.net.dht import PolicyRecord
+    from p2prl.net.fetch import MIN_SPLIT
+    from p2prl.net.node import SwarmNode
+    from p2prl.net.transport import HivemindTransport
 
     logging.basicConfig(level=logging.WARNING)
-    fetch_log: list[str] = []  # Sampler.fetch and p2prl.swarm.fetch report a failed attempt at INFO
+    fetch_log: list[str] = []  # Sampler.fetch and p2prl.net.fetch report a failed attempt at INFO
 
     class Collect(logging.Handler):
         def emit(self, record):
             fetch_log.append(record.getMessage())
 
-    for name in ("p2prl.sampler.loop", "p2prl.swarm.fetch"):
+    for name in ("p2prl.sampler.loop", "p2prl.net.fetch"):
         logging.getLogger(name).addHandler(Collect(logging.INFO))
         logging.getLogger(name).setLevel(logging.INFO)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
@@ -260,7 +260,7 @@ def main() -> None:
     ]) + (
         f"\n\n{args.rounds} rounds per model, the three paths interleaved (order rotating per round); MB = 10^6 bytes. "
         "Holders and fetcher are separate processes with their own hivemind DHT and p2pd over 127.0.0.1 "
-        "(libp2p TCP, encrypted). p2prl path = `Sampler.fetch` (`p2prl/swarm/fetch.py`): DHT look-up of holders, "
+        "(libp2p TCP, encrypted). p2prl path = `Sampler.fetch` (`p2prl/net/fetch.py`): DHT look-up of holders, "
         "msgpack request (two holders: one byte range each), `weights_handler` writes status byte + blob (range) in "
         "64 KiB chunks, the fetcher reads it into one buffer of the record's size, a sha256 follows the arrived "
         "prefix in a worker thread and must equal the published hash. Raw = the same bytes from the same holder "

@@ -469,7 +469,7 @@ def _print_summary(summary: dict, what: str, as_json: bool) -> None:
 
 def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from p2prl.config import usable_file
-    from p2prl.swarm.bootstrap import serve
+    from p2prl.ops.bootstrap import serve
 
     usable_file(args.identity_path, "--identity-path", read_only_if_exists=True)
     if args.peers_file:
@@ -491,7 +491,7 @@ def _cmd_join(args: argparse.Namespace) -> int:
     cfg = _load_config(args, writes_out_dir=args.role == "learner")
     from p2prl.log import setup_logging
 
-    from p2prl.swarm.dht import stop_on_signals
+    from p2prl.net.dht import stop_on_signals
 
     setup_logging(args.role)
     file_log = _log_to_file(args.log_file) if args.log_file else None
@@ -564,7 +564,7 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     from p2prl.policy.gguf import GGUFError
     from p2prl.policy.model import PolicyLoadError
     from p2prl.prom import MetricsError
-    from p2prl.swarm.dht import BootstrapError
+    from p2prl.net.dht import BootstrapError
 
     return ConfigError, CheckpointError, PolicyLoadError, GGUFError, BootstrapError, MetricsError
 
@@ -581,7 +581,7 @@ def _cmd_status(args: argparse.Namespace) -> int:
     cfg = _load_config(args)
     if not cfg.net.initial_peers:
         raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
-    from p2prl.swarm.status import show_status
+    from p2prl.ops.status import show_status
 
     if args.watch is not None and (args.json or args.watch <= 0 or args.count < 0):
         raise _usage("--watch takes a positive number of seconds, a --count of 0 or more, and no --json")
@@ -598,7 +598,7 @@ def _cmd_monitor(args: argparse.Namespace) -> int:
     if not cfg.net.initial_peers:
         raise _usage("pass --initial-peers MADDR [MADDR ...] of the swarm to look at")
     from p2prl.log import setup_logging
-    from p2prl.swarm.monitor import run_monitor
+    from p2prl.ops.monitor import run_monitor
 
     setup_logging("monitor")
     return run_monitor(cfg, host.strip("[]"), int(port), args.period)
@@ -638,7 +638,7 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from p2prl.swarm import authority as a
+    from p2prl.trust import authority as a
 
     if args.run_command == "show":
         return a.show_run_record(Path(args.file), args.authority)

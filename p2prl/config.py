@@ -317,7 +317,7 @@ class NetConfig(_Section):
     @model_validator(mode="after")
     def _metrics_public_host(self) -> NetConfig:
         if self.metrics_public_host:
-            from p2prl.swarm.dht import format_hostport
+            from p2prl.net.dht import format_hostport
 
             try:
                 format_hostport(self.metrics_public_host, 1)

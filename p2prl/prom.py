@@ -110,7 +110,7 @@ def announced_address(net, server) -> str:
     under ``net.loopback``; else the local address of this machine's default route."""
     if server is None:
         return ""
-    from p2prl.swarm.dht import format_hostport
+    from p2prl.net.dht import format_hostport
 
     announced = [p[2] for p in (m.split("/") for m in net.announce_maddrs)
                  if len(p) > 2 and p[1] in ("ip4", "ip6", "dns", "dns4", "dns6")]

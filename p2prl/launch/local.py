@@ -115,7 +115,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     maddrs_file.unlink(missing_ok=True)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
     try:
-        import_module("p2prl.swarm.dht")  # hivemind and torch: what the bootstrap needs
+        import_module("p2prl.net.dht")  # hivemind and torch: what the bootstrap needs
 
         start = _starter(swarm, main)
         start("bootstrap", [

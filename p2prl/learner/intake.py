@@ -1,5 +1,5 @@
 """The learner's intake: rollout records in, acknowledgements out (the ``rollout``, ``rollouts`` and ``acks``
-requests, typed: ``swarm/messages.py``).
+requests, typed: ``net/messages.py``).
 
 Threads: the request handlers run on the node's network loop; decoding, verification (rewards recomputed) and,
 for a share of groups, log-prob spot checks (``spotcheck.py``) run on the single admission thread, so a slow
@@ -22,20 +22,20 @@ from typing import TYPE_CHECKING, Callable
 
 from p2prl.rollout.record import Limits, RecordError, decode_group
 from p2prl.rollout.verify import MAX_COUNTER_DIGITS
-from p2prl.swarm.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
-from p2prl.swarm.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, MessageError, RolloutReply,
+from p2prl.net.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
+from p2prl.net.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, MessageError, RolloutReply,
                                   RolloutRequest, RolloutsReply, RolloutsRequest, batch_frame_limit)
-from p2prl.swarm.protocol import queue_bounds, queue_room
+from p2prl.net.protocol import queue_bounds, queue_room
 
 if TYPE_CHECKING:
     from p2prl.config import FlowConfig
     from p2prl.learner.spotcheck import SpotChecker
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.verify import Verifier
-    from p2prl.swarm.authority import RunRecord
-    from p2prl.swarm.dht import PolicyRecord
-    from p2prl.swarm.reputation import Reputation
-    from p2prl.swarm.transport import Delivery
+    from p2prl.trust.authority import RunRecord
+    from p2prl.net.dht import PolicyRecord
+    from p2prl.trust.reputation import Reputation
+    from p2prl.net.transport import Delivery
 
 log = logging.getLogger(__name__)
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue

@@ -51,19 +51,19 @@ from p2prl.metrics import JsonlSink, finish_run, progress_bar, read_jsonl
 from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
-from p2prl.swarm import peerbook
-from p2prl.swarm.authority import learner_trust
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.membership import Membership
-from p2prl.swarm.records import Prefetch
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.protocol import WeightStore, weights_handler
-from p2prl.swarm.runconfig import check as check_run_config
-from p2prl.swarm.runconfig import join_run, run_config
-from p2prl.swarm.state_sync import StateSync, ahead_of, state_header
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net import peerbook
+from p2prl.trust.authority import learner_trust
+from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.membership import Membership
+from p2prl.net.records import Prefetch
+from p2prl.net.node import SwarmNode
+from p2prl.trust.reputation import Reputation
+from p2prl.net.protocol import WeightStore, weights_handler
+from p2prl.trust.runconfig import check as check_run_config
+from p2prl.trust.runconfig import join_run, run_config
+from p2prl.net.state_sync import StateSync, ahead_of, state_header
+from p2prl.net.transport import HivemindTransport
 from p2prl.tasks import Task, make_task
 
 log = logging.getLogger(__name__)

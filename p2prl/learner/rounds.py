@@ -18,8 +18,8 @@ import torch
 
 from p2prl.algo.robust import Rule
 from p2prl.learner.checkpoint import disk_error
-from p2prl.swarm.averaging import GradientRounds, Round, RoundFailed
-from p2prl.swarm.dht import key
+from p2prl.net.averaging import GradientRounds, Round, RoundFailed
+from p2prl.net.dht import key
 
 if TYPE_CHECKING:
     from p2prl.config import Config
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from p2prl.learner.ledger import OwnGroupFiles
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.record import RolloutGroup
-    from p2prl.swarm.node import SwarmNode
+    from p2prl.net.node import SwarmNode
 
 log = logging.getLogger(__name__)
 

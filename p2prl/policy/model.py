@@ -63,7 +63,7 @@ def _folder_hash(folder: Path, stamp: tuple) -> str:
 
 def model_hash(path: str) -> str:
     """sha256 over the files of a model folder (``builtin`` = the shipped model) that decide what it computes:
-    the run config's model (``p2prl.swarm.runconfig``) and the base a LoRA adapter sits on (``add_lora``)."""
+    the run config's model (``p2prl.trust.runconfig``) and the base a LoRA adapter sits on (``add_lora``)."""
     folder = model_folder(path).resolve()
     stamp = tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(folder.iterdir()) if f.is_file())
     return _folder_hash(folder, stamp)

@@ -13,14 +13,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
 from p2prl.sampler.outbox import Outbox
-from p2prl.swarm.messages import AcksReply, AcksRequest, MessageError, RolloutsRequest
-from p2prl.swarm.node import Refused, backoff
+from p2prl.net.messages import AcksReply, AcksRequest, MessageError, RolloutsRequest
+from p2prl.net.node import Refused, backoff
 
 if TYPE_CHECKING:
     from p2prl.config import Config
-    from p2prl.swarm.authority import RunRecord
-    from p2prl.swarm.dht import PeerRecord, PolicyRecord
-    from p2prl.swarm.transport import Delivery
+    from p2prl.trust.authority import RunRecord
+    from p2prl.net.dht import PeerRecord, PolicyRecord
+    from p2prl.net.transport import Delivery
 
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 ACK_CHUNK = 1024  # group ids asked about in one ``acks`` request

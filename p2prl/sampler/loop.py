@@ -13,7 +13,7 @@ A group stays in the outbox until a learner reports it trained, dropped or rejec
 its learner vanishes, forgets it or answers ``busy``, it is sent again later (to another
 learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``), the
 requests and replies ``LearnerLink``'s (``sampler/delivery.py``). In a run with an authority
-(``swarm/authority.py``) it waits for the run record the authority signed, checks the run's
+(``trust/authority.py``) it waits for the run record the authority signed, checks the run's
 config against it, and loads versions from and sends groups to authorized learners only.
 
 Threads: the loop thread owns the link (its outbox and requests in flight) and the generator. The
@@ -46,16 +46,16 @@ from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.delivery import LearnerLink
 from p2prl.sampler.report import SamplerProgress, SamplerSnapshot, sampler_metrics
-from p2prl.swarm import peerbook
-from p2prl.swarm.authority import RunRecord, Trust
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, new_record
-from p2prl.swarm.fetch import fetch_weights
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import SwarmNode, wait_until
-from p2prl.swarm.protocol import WeightStore, weights_handler
-from p2prl.swarm.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
-from p2prl.swarm.runconfig import check as check_run_config
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net import peerbook
+from p2prl.trust.authority import RunRecord, Trust
+from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
+from p2prl.net.fetch import fetch_weights
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.node import SwarmNode, wait_until
+from p2prl.net.protocol import WeightStore, weights_handler
+from p2prl.trust.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
+from p2prl.trust.runconfig import check as check_run_config
+from p2prl.net.transport import HivemindTransport
 from p2prl.tasks import make_task
 
 log = logging.getLogger(__name__)

@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from p2prl.rollout.record import RolloutGroup
-from p2prl.swarm.protocol import send_window
+from p2prl.net.protocol import send_window
 
 if TYPE_CHECKING:
     from p2prl.config import FlowConfig
-    from p2prl.swarm.dht import PeerRecord
+    from p2prl.net.dht import PeerRecord
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,10 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule
-from p2prl.swarm.averaging import GradientRounds, RoundFailed, encode, group_bits
+from p2prl.net.averaging import GradientRounds, RoundFailed, encode, group_bits
 from p2prl.config import NetConfig
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 
 def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) -> None:

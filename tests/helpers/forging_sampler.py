@@ -23,9 +23,9 @@ import numpy as np
 from p2prl.config import load_config
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.loop import Sampler
-from p2prl.swarm.node import Refused, SwarmNode, wait_until
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, unpack_map
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.node import Refused, SwarmNode, wait_until
+from p2prl.net.messages import MAX_CONTROL_BYTES, unpack_map
+from p2prl.net.transport import HivemindTransport
 
 mode = sys.argv[1] if sys.argv[1] in ("inject", "greedy") else "shift"
 args = sys.argv[2:] if mode != "shift" else sys.argv[1:]

@@ -17,10 +17,10 @@ from p2prl.config import NetConfig
 from p2prl.policy import load_policy
 from p2prl.rollout.record import RolloutGroup, encode_group
 from p2prl.rollout.verify import assigned_prompt_id
-from p2prl.swarm.dht import new_record
-from p2prl.swarm.node import SwarmNode, wait_until
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.dht import new_record
+from p2prl.net.node import SwarmNode, wait_until
+from p2prl.net.messages import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.net.transport import HivemindTransport
 from p2prl.tasks.addition import AdditionTask
 
 maddr, run_id, min_version = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -20,11 +20,11 @@ import threading
 from pathlib import Path
 
 from p2prl.config import NetConfig, TrustConfig
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import SwarmNode, read_frame
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, WeightsRequest
-from p2prl.swarm.protocol import OK, WeightStore, weights_handler
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.node import SwarmNode, read_frame
+from p2prl.net.messages import MAX_CONTROL_BYTES, WeightsRequest
+from p2prl.net.protocol import OK, WeightStore, weights_handler
+from p2prl.net.transport import HivemindTransport
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 info, size, mode = Path(sys.argv[1]), int(float(sys.argv[2]) * 2**20), sys.argv[3]

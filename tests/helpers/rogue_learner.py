@@ -23,16 +23,16 @@ import time
 from collections import Counter
 
 from p2prl.config import NetConfig
-from p2prl.swarm import authority as a
+from p2prl.trust import authority as a
 from hivemind.utils import get_dht_time
 
-from p2prl.swarm import owned
-from p2prl.swarm.dht import PolicyRecord, RunConfigRecord, key, new_record
-from p2prl.swarm.node import read_frame, write_frame
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, Bounds, RolloutsRequest, pack, unpack_map
-from p2prl.swarm.protocol import OK
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust import owned
+from p2prl.net.dht import PolicyRecord, RunConfigRecord, key, new_record
+from p2prl.net.node import read_frame, write_frame
+from p2prl.net.node import SwarmNode
+from p2prl.net.messages import MAX_CONTROL_BYTES, Bounds, RolloutsRequest, pack, unpack_map
+from p2prl.net.protocol import OK
+from p2prl.net.transport import HivemindTransport
 
 maddr, run_id, identity, stats_file = sys.argv[1:5]
 older_record = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None

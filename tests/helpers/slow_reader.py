@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 
 from p2prl.config import NetConfig, TrustConfig
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.messages import pack
-from p2prl.swarm.protocol import WeightStore, weights_handler
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.node import SwarmNode
+from p2prl.net.messages import pack
+from p2prl.net.protocol import WeightStore, weights_handler
+from p2prl.net.transport import HivemindTransport
 
 logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
 mode, info = sys.argv[1], Path(sys.argv[2])
@@ -51,7 +51,7 @@ elif mode == "read":
     async def slow_fetch():
         from hivemind.p2p import PeerID
 
-        from p2prl.swarm.node import write_frame
+        from p2prl.net.node import write_frame
 
         _, reader, writer = await node.transport.p2p.call_binary_stream_handler(PeerID.from_base58(server["peer_id"]),
                                                                         node._proto("weights"))

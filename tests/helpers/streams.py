@@ -6,8 +6,8 @@ from concurrent.futures import Future
 
 import msgpack
 
-from p2prl.swarm.messages import MessageError
-from p2prl.swarm.node import SwarmNode
+from p2prl.net.messages import MessageError
+from p2prl.net.node import SwarmNode
 
 
 def frame(payload: bytes) -> asyncio.StreamReader:

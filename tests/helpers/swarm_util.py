@@ -99,7 +99,7 @@ class Peers:
 
 
 def peers_in_book(path: Path) -> set[str]:
-    """The peer ids in a peers file (``swarm/peerbook.py``); none while it is missing or being written."""
+    """The peer ids in a peers file (``net/peerbook.py``); none while it is missing or being written."""
     try:
         return {p["peer_id"] for p in json.loads(path.read_text())["peers"]}
     except (FileNotFoundError, ValueError, KeyError, TypeError):

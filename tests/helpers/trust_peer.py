@@ -37,9 +37,9 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 from p2prl.config import NetConfig
-from p2prl.swarm.node import Refused, SwarmNode, read_frame, refused_reason, wait_until, write_frame
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, pack, unpack_map
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.node import Refused, SwarmNode, read_frame, refused_reason, wait_until, write_frame
+from p2prl.net.messages import MAX_CONTROL_BYTES, pack, unpack_map
+from p2prl.net.transport import HivemindTransport
 
 log = logging.getLogger("trust_peer")
 mode, maddr, run_id = sys.argv[1:4]

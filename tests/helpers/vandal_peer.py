@@ -71,8 +71,8 @@ from pathlib import Path
 import msgpack
 
 from p2prl.procs import children_of
-from p2prl.swarm import owned
-from p2prl.swarm.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_signals
+from p2prl.trust import owned
+from p2prl.net.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_signals
 
 log = logging.getLogger("vandal")
 
@@ -203,7 +203,7 @@ def _honest_version(policy: dict) -> int:
     """The newest version among the policy records found (raw values), -1 when none decodes."""
     from hivemind.utils import MSGPackSerializer
 
-    from p2prl.swarm.dht import PolicyRecord
+    from p2prl.net.dht import PolicyRecord
 
     best = -1
     for sub, (raw, _) in policy.items():

@@ -34,7 +34,7 @@ REPLY_TIMEOUT_S = 60
 
 def serve() -> None:
     """The zygote's side: import, say whether forking is safe here, then answer requests until stdin closes."""
-    for name in ("p2prl.cli", "p2prl.swarm.dht", "p2prl.learner.loop", "p2prl.sampler.loop"):
+    for name in ("p2prl.cli", "p2prl.net.dht", "p2prl.learner.loop", "p2prl.sampler.loop"):
         import_module(name)
     from p2prl.cli import main
     from p2prl.policy.model import preload

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from p2prl.swarm.averaging import BLOCK, LIMIT, SCALE_BITS, RoundFailed, buffer_size, decode, encode
+from p2prl.net.averaging import BLOCK, LIMIT, SCALE_BITS, RoundFailed, buffer_size, decode, encode
 
 
 def reduce(contributions, order=None):

@@ -99,7 +99,7 @@ def joiner(initial_peers: list[str]):
     """A client-mode DHT in this process (it stores nothing itself), loopback only."""
     import hivemind
 
-    from p2prl.swarm.dht import dht_kwargs
+    from p2prl.net.dht import dht_kwargs
 
     dht = hivemind.DHT(initial_peers=initial_peers, start=True,
                        **dht_kwargs(host_maddrs=[], loopback=True, client_mode=True))

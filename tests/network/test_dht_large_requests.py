@@ -3,9 +3,9 @@ many learners) is read whole: the DHT process used to die reading it half-way (`
 p2prl DHT node on 127.0.0.1, its process and p2pd real."""
 
 from p2prl.config import NetConfig
-from p2prl.swarm import owned
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust import owned
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 
 def test_a_store_of_the_largest_value_a_node_takes_leaves_the_dht_process_serving():

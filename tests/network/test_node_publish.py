@@ -4,9 +4,9 @@ announced meanwhile is left for later), and ``flush_policy`` lands the last one 
 holds the answers back to test each case)."""
 
 from p2prl.config import NetConfig
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 

@@ -12,10 +12,10 @@ import hivemind
 from hivemind.utils import get_dht_time
 
 from p2prl.config import NetConfig
-from p2prl.swarm import owned
-from p2prl.swarm.dht import PolicyRecord, dht_kwargs, key, new_record, shutdown_dht
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust import owned
+from p2prl.net.dht import PolicyRecord, dht_kwargs, key, new_record, shutdown_dht
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 

@@ -1,4 +1,4 @@
-"""The dial-back check (p2prl/swarm/reach.py) and the join errors, against a real bootstrap on 127.0.0.1 in its own
+"""The dial-back check (p2prl/net/reach.py) and the join errors, against a real bootstrap on 127.0.0.1 in its own
 process: a reachable peer is found reachable (a fresh connection to its announced address), a port nobody listens
 on is not, a requester is checked once per interval, and a refused port, a wrong peer id and a cut-short peer id
 each get their own error."""
@@ -6,10 +6,10 @@ each get their own error."""
 import pytest
 
 from p2prl.config import NetConfig
-from p2prl.swarm import reach
-from p2prl.swarm.dht import BootstrapError, start_dht
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net import reach
+from p2prl.net.dht import BootstrapError, start_dht
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 
 def test_a_reachable_peer_is_found_reachable_and_a_closed_port_is_not(peers):

@@ -16,7 +16,7 @@ import pytest
 
 from helpers.swarm_util import FAST, last_json, read_jsonl, wait_for
 from p2prl.cli import main
-from p2prl.swarm import authority as a
+from p2prl.trust import authority as a
 
 RUN = [*FAST, "train.steps=1000"]
 

@@ -10,10 +10,10 @@ import threading
 from pathlib import Path
 
 from p2prl.config import NetConfig
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.fetch import MIN_SPLIT, fetch_weights
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.fetch import MIN_SPLIT, fetch_weights
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 from helpers.swarm_util import wait_for
 

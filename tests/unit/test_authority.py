@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from p2prl.cli import main
 from p2prl.config import ConfigError
-from p2prl.swarm import authority as a
-from p2prl.swarm.dht import PolicyRecord, RunConfigRecord
-from p2prl.swarm.runconfig import RunConfigMismatch
+from p2prl.trust import authority as a
+from p2prl.net.dht import PolicyRecord, RunConfigRecord
+from p2prl.trust.runconfig import RunConfigMismatch
 
 CONFIG = RunConfigRecord(model="ab" * 32, task="addition", sampling={"group_size": 4}, algo={"name": "gepo"},
                          optim={"lr": 0.002})

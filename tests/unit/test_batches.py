@@ -16,13 +16,13 @@ from p2prl.learner.state import LearnerState
 from p2prl.rollout.record import Limits
 from p2prl.sampler.loop import Sampler
 from p2prl.sampler.outbox import GIVE_UP_FAILURES
-from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import PolicyRecord, new_record
-from p2prl.swarm.node import Refused
-from p2prl.swarm.authority import RunRecord
-from p2prl.swarm.messages import (AcksReply, Bounds, MessageError, RolloutsReply, RolloutsRequest, batch_frame_limit,
+from p2prl.trust.authority import Trust
+from p2prl.net.dht import PolicyRecord, new_record
+from p2prl.net.node import Refused
+from p2prl.trust.authority import RunRecord
+from p2prl.net.messages import (AcksReply, Bounds, MessageError, RolloutsReply, RolloutsRequest, batch_frame_limit,
                                   pack)
-from p2prl.swarm.protocol import queue_bounds, queue_room, send_window
+from p2prl.net.protocol import queue_bounds, queue_room, send_window
 from helpers.streams import Writer, WireFuture, frame, served
 
 
@@ -186,7 +186,7 @@ def test_a_new_sampler_takes_a_share_of_the_queue_and_one_that_sends_garbage_doe
     never accepted and it never becomes known: a learner waiting for 3 samplers waited for ever); a peer id whose
     record was rejected for a ban-worthy reason cuts no share (garbage from fresh ids once left an honest sampler
     less than a step); a known sampler keeps its share whatever it sent since."""
-    from p2prl.swarm.reputation import Reputation
+    from p2prl.trust.reputation import Reputation
 
     lrn = fake_learner([SimpleNamespace(sampler="first")] * 8)  # 4 groups a step, 8 waiting in all: full
     lrn.reputation = Reputation(load_config(None, []).trust)
@@ -526,8 +526,8 @@ def wait_for(pred, timeout_s: float) -> bool:
 
 
 def test_a_newer_run_record_in_a_reply_is_adopted_and_a_revoked_learner_gets_nothing_more():
-    from p2prl.swarm import authority as a
-    from p2prl.swarm.dht import RunConfigRecord
+    from p2prl.trust import authority as a
+    from p2prl.net.dht import RunConfigRecord
 
     key = a.new_authority_key()
     config = RunConfigRecord(model="ab" * 32, task="addition", sampling={}, algo={}, optim={})
@@ -562,8 +562,8 @@ def test_a_newer_run_record_in_a_reply_is_adopted_and_a_revoked_learner_gets_not
 
 
 def test_an_authority_learner_names_its_run_record_in_its_replies():
-    from p2prl.swarm import authority as a
-    from p2prl.swarm.dht import RunConfigRecord
+    from p2prl.trust import authority as a
+    from p2prl.net.dht import RunConfigRecord
 
     lrn = fake_learner([])
     assert "run_record" not in run_rollouts(lrn, encode_batch([b"g"]), "s")  # an open run

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from p2prl import log as p2prl_log
-from p2prl.swarm import dht as dht_mod
+from p2prl.net import dht as dht_mod
 
 
 class Collect(logging.Handler):
@@ -85,7 +85,7 @@ def test_a_dht_process_that_outlives_its_grace_is_killed_without_hivemind_warnin
                                                                                    caplog):
     monkeypatch.setattr(dht_mod, "_p2pd_gone", lambda pid: False)
     d = FakeDHT(stops_in=None)
-    with caplog.at_level(logging.DEBUG, logger="p2prl.swarm.dht"):
+    with caplog.at_level(logging.DEBUG, logger="p2prl.net.dht"):
         dht_mod.shutdown_dht(d, grace_s=0.3)
     assert d.killed and not hivemind_lines
     assert "the DHT process is killed: it did not stop within 0.3 s" in caplog.text

@@ -19,14 +19,14 @@ from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.state import LearnerState
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group, encode_group
 from p2prl.sampler.loop import Sampler
-from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
-from p2prl.swarm.membership import Membership
-from p2prl.swarm.messages import (AcksReply, Bounds, HelloReply, MessageError, RolloutsRequest, WeightsRequest, pack,
+from p2prl.trust.authority import Trust
+from p2prl.net.dht import PeerRecord, PolicyRecord, RunConfigRecord, new_record
+from p2prl.net.membership import Membership
+from p2prl.net.messages import (AcksReply, Bounds, HelloReply, MessageError, RolloutsRequest, WeightsRequest, pack,
                                   unpack_map)
-from p2prl.swarm.protocol import OK, WeightStore, weights_handler
-from p2prl.swarm.reputation import HONEST, Reputation
-from p2prl.swarm.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
+from p2prl.net.protocol import OK, WeightStore, weights_handler
+from p2prl.trust.reputation import HONEST, Reputation
+from p2prl.net.state_sync import HEADER_FIELDS, decode_state, encode_state, state_header
 from helpers.streams import Writer, frame, served
 
 FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None,

@@ -11,9 +11,9 @@ import pytest
 
 from p2prl import cli
 from p2prl.config import ConfigError, load_config
-from p2prl.swarm import runconfig
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.runconfig import RunConfigMismatch, RunIdTaken, StoppedWaiting, join_run, run_config
+from p2prl.trust import runconfig
+from p2prl.net.dht import PolicyRecord
+from p2prl.trust.runconfig import RunConfigMismatch, RunIdTaken, StoppedWaiting, join_run, run_config
 from p2prl.tasks import make_task
 
 
@@ -72,7 +72,7 @@ def test_a_learner_that_finds_a_run_of_its_id_is_refused_without_join(tmp_path):
 
 def test_with_join_it_joins_and_its_out_dir_remembers_the_run(tmp_path, caplog):
     cfg, task, configs = setup(tmp_path, "net.join=true")
-    with caplog.at_level(logging.INFO, logger="p2prl.swarm.runconfig"):
+    with caplog.at_level(logging.INFO, logger="p2prl.trust.runconfig"):
         assert join_run(cfg, RunNode([("other", 4)], ("other", 4), configs), task, threading.Event()) == "joined"
     assert "joining run 'alice' (--join): 1 learner at version v4" in caplog.text
     assert marker(tmp_path)["run_id"] == "alice" and marker(tmp_path)["how"] == "joined"
@@ -87,7 +87,7 @@ def test_with_join_it_joins_and_its_out_dir_remembers_the_run(tmp_path, caplog):
 
 def test_a_learner_alone_starts_the_run_and_its_own_records_do_not_count(tmp_path, caplog):
     cfg, task, configs = setup(tmp_path)
-    with caplog.at_level(logging.INFO, logger="p2prl.swarm.runconfig"):
+    with caplog.at_level(logging.INFO, logger="p2prl.trust.runconfig"):
         # its own records of an earlier life (same identity) are no other run
         assert join_run(cfg, RunNode([("me", 3)], ("me", 3)), task, threading.Event()) == "started"
     assert "no other learner of run 'alice' found: this learner starts it" in caplog.text
@@ -97,7 +97,7 @@ def test_a_learner_alone_starts_the_run_and_its_own_records_do_not_count(tmp_pat
 def test_join_waits_for_the_run_then_joins_and_stops_on_a_signal(tmp_path, caplog):
     cfg, task, configs = setup(tmp_path, "net.join=true")
     node = RunNode([("first", 0)], ("first", 0), configs, appear_after=3)
-    with caplog.at_level(logging.INFO, logger="p2prl.swarm.runconfig"):
+    with caplog.at_level(logging.INFO, logger="p2prl.trust.runconfig"):
         assert join_run(cfg, node, task, threading.Event()) == "joined"
     assert node.lookups == 4 and "waiting for run 'alice' to join (--join)" in caplog.text
     (tmp_path / "out" / "run.json").unlink()  # written by the join above
@@ -113,7 +113,7 @@ def test_join_waits_for_the_run_then_joins_and_stops_on_a_signal(tmp_path, caplo
 def test_waiting_is_said_again_while_it_lasts(tmp_path, caplog, monkeypatch):
     cfg, task, configs = setup(tmp_path, "net.join=true")
     monkeypatch.setattr(runconfig, "WAIT_LOG_S", 0.0)
-    with caplog.at_level(logging.INFO, logger="p2prl.swarm.runconfig"):
+    with caplog.at_level(logging.INFO, logger="p2prl.trust.runconfig"):
         join_run(cfg, RunNode([("first", 0)], None, configs, appear_after=3), task, threading.Event())
     assert caplog.text.count("still waiting for a learner of run 'alice'") == 2
 

@@ -1,4 +1,4 @@
-"""Learners and samplers keep a peers file too (swarm/peerbook.py): where it is, which of its peers are dialled at
+"""Learners and samplers keep a peers file too (net/peerbook.py): where it is, which of its peers are dialled at
 start besides the initial peers, and the keeper that writes it while the peer runs."""
 
 import asyncio
@@ -6,8 +6,8 @@ import logging
 from types import SimpleNamespace
 
 from p2prl.config import NetConfig
-from p2prl.swarm import peerbook
-from p2prl.swarm.peerbook import KnownPeer
+from p2prl.net import peerbook
+from p2prl.net.peerbook import KnownPeer
 
 A = "12D3KooWG2yM4KcWxaKg4LBgaJPVT2kvnYUts4zPh3V2XURuFRe8"
 B = "QmT6odGPKtcVwxPT8iHf9t1tTCH3RRcsiQTAN2MBwSV1QL"
@@ -46,7 +46,7 @@ def test_a_peer_starts_with_its_initial_peers_and_its_book(tmp_path, caplog):
     net = NetConfig(initial_peers=[BOOT])
     assert peerbook.known_initial_peers(net, path) == [BOOT]  # no book yet
     peerbook.save(path, [KnownPeer(A, ("/ip4/5.9.0.2/tcp/4001",), 1.0)])
-    with caplog.at_level(logging.INFO, "p2prl.swarm.peerbook"):
+    with caplog.at_level(logging.INFO, "p2prl.net.peerbook"):
         assert peerbook.known_initial_peers(net, path) == [BOOT, f"/ip4/5.9.0.2/tcp/4001/p2p/{A}"]
     assert "also dialling 1 peer(s) of the peers file" in caplog.text
     maddrs = tmp_path / "boot.maddrs"  # `p2prl swarm up`: the bootstrap's file gives the scope

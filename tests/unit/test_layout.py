@@ -8,12 +8,14 @@
   imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")`` with the
   module's name written out counts as a lazy import of it. Imports under ``if TYPE_CHECKING:``,
   which never run, never count.
+* A module imports (lazily too) only from its own floor of the package and those below
+  (``FLOORS``; ``UPWARD`` names the known exceptions, and must shrink to empty).
 * Every module logs by its own name, ``logging.getLogger(__name__)``.
 * No class is over 300 lines, no function or method over 60.
 * No module uses another module's private (underscore-prefixed) name, whether imported
   (``from p2prl.x import _name``, lazy imports included) or reached through a module
   (``import p2prl.x as m; m._name``). Dunder names (``__version__``) are public.
-* Nothing reaches past the transport seam: outside ``p2prl/swarm/transport.py`` (and ``dht.py``,
+* Nothing reaches past the transport seam: outside ``p2prl/net/transport.py`` (and ``dht.py``,
   which starts hivemind), no module touches a transport's hivemind objects (``transport.dht``,
   ``node.transport.p2p``) or looks them up by name (``getattr(x, "dht")``); the roles use the
   transport's capabilities instead.
@@ -171,7 +173,7 @@ def private_uses() -> list[str]:
 
 
 HIVEMIND_OBJECTS = {"dht", "p2p"}  # a HivemindTransport's own
-NETWORK_MODULES = {"p2prl.swarm.transport", "p2prl.swarm.dht"}
+NETWORK_MODULES = {"p2prl.net.transport", "p2prl.net.dht"}
 
 
 def transport_internals() -> list[str]:
@@ -349,3 +351,48 @@ def oversized() -> list[str]:
 def test_no_class_over_300_lines_and_no_function_over_60():
     found = oversized()
     assert not found, "too long:\n  " + "\n  ".join(found)
+
+
+FLOORS = (
+    ("p2prl", "config", "log", "procs", "metrics", "prom"),  # plain Python: the config tree, logging, processes
+    ("algo", "tasks"),  # pure torch; the problems and their rewards
+    ("policy", "rollout"),  # the model; the wire record and the learner's checks of it
+    ("net", "trust"),  # the network (transport, records, streams, weights, rounds); whom a peer believes
+    ("learner", "sampler", "ops"),  # the roles; the operator tools
+    ("train", "launch", "experiments"),  # both roles in one process; local swarms; experiments
+    ("cli",),
+)
+"""Floors of the package, bottom first, by top-level module or folder: a module imports (lazily too) only from its
+own floor and those below."""
+UPWARD = {
+    ("p2prl.config", "p2prl.net.dht"),  # format_hostport, a plain helper that belongs on the bottom floor
+    ("p2prl.prom", "p2prl.net.dht"),  # the same
+    ("p2prl.policy.make_base", "p2prl.learner.evaluate"),  # the base builders' held-out check after training
+    ("p2prl.policy.math_base", "p2prl.learner.evaluate"),  # the same
+}
+"""Known imports from a higher floor. This list must shrink to empty: add none."""
+
+
+def _floor(module: str) -> int | None:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "p2prl"
+    return next((i for i, floor in enumerate(FLOORS) if top in floor), None)
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """``a -> b`` for every import of ``graph`` from a module to one on a higher floor, but those in ``UPWARD``."""
+    return [f"{a} -> {b}" for a, targets in sorted(graph.items()) for b in sorted(targets)
+            if _floor(b) > _floor(a) and (a, b) not in UPWARD]
+
+
+def test_every_module_is_on_a_floor():
+    assert not [m for m in MODULES if _floor(m) is None], "add the new folder to FLOORS"
+
+
+def test_no_module_imports_from_a_higher_floor():
+    found = upward_imports(import_graph(lazy=True))
+    assert not found, "imports from a higher floor:\n  " + "\n  ".join(found)
+    graph = import_graph(lazy=True)
+    assert all(b in graph[a] for a, b in UPWARD), "remove from UPWARD what is no longer imported"
+    assert upward_imports({"p2prl.net.node": {"p2prl.learner.loop", "p2prl.trust.owned"}}) == [
+        "p2prl.net.node -> p2prl.learner.loop"]

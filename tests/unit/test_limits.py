@@ -1,4 +1,4 @@
-"""Per-peer limits (p2prl/swarm/limits.py), the refusal frame, and slow readers cut from an upload."""
+"""Per-peer limits (p2prl/trust/limits.py), the refusal frame, and slow readers cut from an upload."""
 
 import asyncio
 import time
@@ -6,11 +6,11 @@ import time
 import pytest
 
 from p2prl.config import TrustConfig
-from p2prl.swarm.limits import PeerLimits, TokenBucket
-from p2prl.swarm.node import SlowReader, refusal, refused_reason, write_frame
-from p2prl.swarm.messages import pack
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.state_sync import encode_state, state_header
+from p2prl.trust.limits import PeerLimits, TokenBucket
+from p2prl.net.node import SlowReader, refusal, refused_reason, write_frame
+from p2prl.net.messages import pack
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.state_sync import encode_state, state_header
 
 
 class Clock:
@@ -126,7 +126,7 @@ def test_state_requests_in_flight_share_one_snapshot():
     from types import SimpleNamespace
 
     from helpers.streams import Writer, frame
-    from p2prl.swarm.state_sync import StateSync, decode_state
+    from p2prl.net.state_sync import StateSync, decode_state
 
     taken, version = [], [3]
 
@@ -214,7 +214,7 @@ def test_a_penalized_peer_is_paused_then_admitted_again():
 
 
 def test_refused_streams_held_are_bounded_in_all():
-    from p2prl.swarm import limits
+    from p2prl.trust import limits
 
     lim = PeerLimits(TrustConfig(peer_streams=16), clock=Clock())
     assert sum(lim.hold(f"p{i}") for i in range(limits.MAX_HELD + 10)) == limits.MAX_HELD
@@ -229,7 +229,7 @@ class Cuts(list):
 
 def read_request(data: bytes, eof: bool, timeout_s: float = 0.2, max_len: int = 1 << 20, later: bytes = b""):
     """What ``read_frame`` makes of a served stream's request ``data`` (``later``: fed after 0.1 s)."""
-    from p2prl.swarm.node import ServedReader, read_frame
+    from p2prl.net.node import ServedReader, read_frame
 
     async def go():
         raw = asyncio.StreamReader()
@@ -249,7 +249,7 @@ def read_request(data: bytes, eof: bool, timeout_s: float = 0.2, max_len: int = 
 
 
 def test_a_served_request_frame_must_come_whole_and_in_time():
-    from p2prl.swarm.node import FrameCut, FrameError
+    from p2prl.net.node import FrameCut, FrameError
 
     head = (5).to_bytes(8, "big")
     assert read_request(head + b"hello", eof=True) == (b"hello", [])
@@ -266,7 +266,7 @@ def test_a_served_request_frame_must_come_whole_and_in_time():
 
 
 def test_only_the_request_frame_of_a_served_stream_has_a_deadline():
-    from p2prl.swarm.node import ServedReader, read_frame
+    from p2prl.net.node import ServedReader, read_frame
 
     async def go():
         raw = asyncio.StreamReader()
@@ -283,9 +283,9 @@ def test_the_gate_cuts_a_partial_header_counts_it_and_pauses_its_peer():
     """Two nodes in memory: a request whose header stops after 3 bytes is cut after trust.frame_timeout_s,
     counted, rejected (toward a ban) and its peer's next stream refused; a peer whose group was accepted is known."""
     from p2prl.config import load_config
-    from p2prl.swarm.node import Refused, SwarmNode, read_frame, write_frame
-    from p2prl.swarm.reputation import Reputation
-    from p2prl.swarm.transport import MemorySwarm
+    from p2prl.net.node import Refused, SwarmNode, read_frame, write_frame
+    from p2prl.trust.reputation import Reputation
+    from p2prl.net.transport import MemorySwarm
 
     swarm = MemorySwarm()
     cfg = load_config(None, ["net.run_id=mem", "trust.frame_timeout_s=0.3"])

@@ -13,7 +13,7 @@ from p2prl.policy.backends.hf import HFGenerator
 from p2prl.policy.model import model_hash
 from p2prl.policy.weights import BASE_KEY, _metadata, load_weights, serialize_weights
 from p2prl.sampler.core import SamplerCore
-from p2prl.swarm.runconfig import SAMPLER_SECTIONS, differences, run_config
+from p2prl.trust.runconfig import SAMPLER_SECTIONS, differences, run_config
 from p2prl.tasks.addition import AdditionTask
 
 G = 4

@@ -1,4 +1,4 @@
-"""Gradient rounds on the in-memory transport (``MemorySwarm``'s all-reduce, swarm/transport.py): the members of a
+"""Gradient rounds on the in-memory transport (``MemorySwarm``'s all-reduce, net/transport.py): the members of a
 group get the same bits, a round nobody else joins fails as hivemind's does, and two real ``Learner``s in one
 process average and publish bit-identical weights (tests/network runs the same rounds between real peers)."""
 
@@ -14,11 +14,11 @@ from p2prl.algo.robust import Rule
 from p2prl.config import load_config
 from p2prl.learner.loop import Learner
 from p2prl.sampler.loop import Sampler
-from p2prl.swarm.averaging import GradientRounds, RoundFailed
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.transport import MemorySwarm
+from p2prl.net.averaging import GradientRounds, RoundFailed
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.node import SwarmNode
+from p2prl.trust.reputation import Reputation
+from p2prl.net.transport import MemorySwarm
 
 FAST = ["net.run_id=mem", "net.heartbeat_s=0.5", "net.poll_s=0.1", "net.rpc_timeout_s=10", "sampling.group_size=4",
         "train.groups_per_step=4", "task.heldout_size=16", "train.eval_every=1000", "train.threads=1",

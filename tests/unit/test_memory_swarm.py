@@ -1,4 +1,4 @@
-"""The real Learner and Sampler classes in one process, on the in-memory transport (swarm/transport.py): the role
+"""The real Learner and Sampler classes in one process, on the in-memory transport (net/transport.py): the role
 code, the node's records, frames and gate, without a daemon (tests/network runs the same roles as real peers)."""
 
 import threading
@@ -9,12 +9,12 @@ import pytest
 from p2prl.config import load_config
 from p2prl.learner.loop import Learner
 from p2prl.sampler.loop import Sampler
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
-from p2prl.swarm.node import Refused, SwarmNode
-from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.transport import MemorySwarm
+from p2prl.net.dht import PolicyRecord
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.messages import BlobReply, BlobRequest, Bounds
+from p2prl.net.node import Refused, SwarmNode
+from p2prl.trust.reputation import Reputation
+from p2prl.net.transport import MemorySwarm
 
 FAST = ["net.run_id=mem", "net.heartbeat_s=0.5", "net.poll_s=0.1", "net.rpc_timeout_s=10", "sampling.group_size=4",
         "train.groups_per_step=4", "task.heldout_size=16", "train.eval_every=1000", "train.threads=1"]
@@ -31,7 +31,7 @@ def test_memory_nodes_share_records_and_streams_through_the_gate():
         assert b.records.latest_policy() == (a.peer_id, rec) and b.records.holders(rec) == [a.peer_id]
 
         async def echo(peer, reader, writer):
-            from p2prl.swarm.node import read_frame, write_frame
+            from p2prl.net.node import read_frame, write_frame
 
             await write_frame(writer, peer.encode() + b":" + await read_frame(reader, 100))
 
@@ -88,7 +88,7 @@ def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowle
 
 
 def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
-    from p2prl.swarm.authority import LearnerKey, Trust, TrustError, create_identity
+    from p2prl.trust.authority import LearnerKey, Trust, TrustError, create_identity
 
     create_identity(str(tmp_path / "learner.id"))
     trust = Trust("ab" * 16, "mem", None, LearnerKey.load(str(tmp_path / "learner.id")))
@@ -101,8 +101,8 @@ def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):
 def test_the_node_offers_every_role_facing_protocol_with_its_signature():
     import inspect
 
-    from p2prl.swarm.records import Records
-    from p2prl.swarm.transport import Delivery, Directory, WeightSource
+    from p2prl.net.records import Records
+    from p2prl.net.transport import Delivery, Directory, WeightSource
 
     for proto, cls in ((Directory, Records), (Delivery, SwarmNode), (WeightSource, SwarmNode)):
         for name, member in vars(proto).items():

@@ -1,4 +1,4 @@
-"""The typed messages of every stream protocol (``p2prl/swarm/messages.py``): each round-trips, each decoder raises
+"""The typed messages of every stream protocol (``p2prl/net/messages.py``): each round-trips, each decoder raises
 ``MessageError`` and nothing else on any input, each encodes to exactly the bytes peers of earlier versions send and
 read (the literal maps they built), and docs/protocol.md's table of protocols is the registry's."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from p2prl.swarm import authority as a
-from p2prl.swarm.dht import PolicyRecord, RunConfigRecord
-from p2prl.swarm.messages import (PROTOCOLS, AcksReply, AcksRequest, BlobReply, BlobRequest, Bounds, HelloReply,
+from p2prl.trust import authority as a
+from p2prl.net.dht import PolicyRecord, RunConfigRecord
+from p2prl.net.messages import (PROTOCOLS, AcksReply, AcksRequest, BlobReply, BlobRequest, Bounds, HelloReply,
                                   HelloRequest, MessageError, RolloutReply, RolloutRequest, RolloutsReply,
                                   RolloutsRequest, StateRequest, WeightsRequest, pack)
 from helpers.streams import Served, Writer, frame
@@ -166,7 +166,7 @@ def test_a_bad_request_goes_to_on_bad_whose_reply_is_sent():
 
 
 def test_without_on_bad_a_malformed_request_is_unanswered_and_an_oversized_one_is_the_streams_error():
-    from p2prl.swarm.node import FrameError
+    from p2prl.net.node import FrameError
 
     assert serve_one("hello", b"\x93no map") == ([], b"")
     with pytest.raises(FrameError):  # ``serve`` holds it against the peer's reputation (``oversized_request``)

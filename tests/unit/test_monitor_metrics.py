@@ -15,8 +15,8 @@ from prometheus_client import generate_latest
 
 from p2prl import prom
 from p2prl.config import ConfigError, load_config
-from p2prl.swarm import peer_metrics
-from p2prl.swarm.dht import PeerRecord, new_record, parse_hostport
+from p2prl.ops import peer_metrics
+from p2prl.net.dht import PeerRecord, new_record, parse_hostport
 
 GOOD_ADDRS = ["127.0.0.1:9400", "[::1]:9400", "metrics.example.org:443", "10.0.0.7:1", "host-1:65535"]
 BAD_ADDRS = ["x" * 300, "127.0.0.1", "127.0.0.1:0", "127.0.0.1:65536", ":9400", "0.0.0.0:9400", "[::]:9400",
@@ -200,7 +200,7 @@ def test_a_slow_endpoint_is_cut_at_the_deadline(endpoints):
 
 # ---- the page -------------------------------------------------------------------------------------
 def test_monitor_page_shows_each_peers_metrics_or_why_not(endpoints):
-    from p2prl.swarm.monitor import History, render_page
+    from p2prl.ops.monitor import History, render_page
 
     row = dict(role="learner", peer_id="12D3KooWlearner", policy_version=7, lag=0, throughput=1.0, queue_depth=2,
                last_seen_s=1.0, banned=1, banned_ids=[], rejected=4, reward=0.5, acc=0.5, metrics="127.0.0.1:1")

@@ -10,9 +10,9 @@ from html.parser import HTMLParser
 import pytest
 
 from p2prl.config import load_config
-from p2prl.swarm import authority as a
-from p2prl.swarm import monitor, status
-from p2prl.swarm.dht import RunConfigRecord, key, new_record
+from p2prl.trust import authority as a
+from p2prl.ops import monitor, status
+from p2prl.net.dht import RunConfigRecord, key, new_record
 
 CONFIG = RunConfigRecord(model="ab" * 32, task="addition", sampling={"group_size": 4}, algo={"name": "gepo"},
                          optim={"lr": 0.002})

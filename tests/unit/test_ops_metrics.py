@@ -13,8 +13,8 @@ from p2prl.config import load_config
 from p2prl.learner.report import LearnerReport, families, step_metrics, summary
 from p2prl.sampler.loop import Sampler, View
 from p2prl.sampler.report import sampler_metrics
-from p2prl.swarm import status
-from p2prl.swarm.dht import PeerRecord, RunAnnouncement, new_record
+from p2prl.ops import status
+from p2prl.net.dht import PeerRecord, RunAnnouncement, new_record
 
 CFG = load_config(None, ["net.run_id=test", "staleness.max_staleness=3"])
 
@@ -189,7 +189,7 @@ def page_snapshot(version: int, reward: float, acc: float) -> dict:
 def test_monitor_page_shows_peers_lag_histogram_and_curves():
     import re
 
-    from p2prl.swarm.monitor import History, render_page
+    from p2prl.ops.monitor import History, render_page
 
     history = History()
     for v, rew, acc in [(1, 0.1, 0.2), (2, 0.3, 0.4), (2, 0.35, 0.45), (3, 0.5, 0.6)]:
@@ -208,7 +208,7 @@ def test_monitor_page_shows_peers_lag_histogram_and_curves():
 
 
 def test_monitor_page_before_the_first_look_up():
-    from p2prl.swarm.monitor import History, render_page
+    from p2prl.ops.monitor import History, render_page
 
     assert "waiting for the first look-up: TimeoutError" in render_page(None, History(), 5, "TimeoutError")
     page = render_page({"run_id": "test", "policy_version": None, "peers": [], "other_runs": {}, "time": 0.0},
@@ -217,7 +217,7 @@ def test_monitor_page_before_the_first_look_up():
 
 
 def test_monitor_history_is_bounded(monkeypatch):
-    from p2prl.swarm import monitor
+    from p2prl.ops import monitor
 
     monkeypatch.setattr(monitor, "MAX_LEARNERS", 2)
     history = monitor.History()

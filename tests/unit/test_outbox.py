@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 from p2prl.config import load_config
 from p2prl.sampler.outbox import GIVE_UP_FAILURES, Outbox
-from p2prl.swarm.dht import new_record
+from p2prl.net.dht import new_record
 
 BACKOFF_S = 10.0  # back-off after the n-th failure in a row: n x 10 s (the sampler's is jittered)
 

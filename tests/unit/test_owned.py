@@ -1,4 +1,4 @@
-"""Owned subkeys (p2prl/swarm/owned.py): who owns a subkey, how records under it are signed and refused, and the
+"""Owned subkeys (p2prl/trust/owned.py): who owns a subkey, how records under it are signed and refused, and the
 expiration bound, on hivemind's validators without a network (the network test is tests/network/test_owned_records.py).
 """
 
@@ -9,7 +9,7 @@ from hivemind.dht.validation import DHTRecord
 from hivemind.p2p import PeerID
 from hivemind.utils import MSGPackSerializer, get_dht_time
 
-from p2prl.swarm import owned
+from p2prl.trust import owned
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_values_without_a_subkey_other_subkeys_and_values_that_are_not_msgpack_a
 
 
 def test_values_larger_than_any_record_and_bytes_subkeys_beyond_an_averager_declaration_are_refused(ids):
-    from p2prl.swarm.dht import _Record
+    from p2prl.net.dht import _Record
 
     paths, (mine, _) = ids
     _, rules = owned.validators(paths[0])
@@ -116,7 +116,7 @@ def test_values_larger_than_any_record_and_bytes_subkeys_beyond_an_averager_decl
 
 
 def _all_subclasses(cls) -> set:
-    import p2prl.swarm.authority  # noqa: F401  (records defined there)
+    import p2prl.trust.authority  # noqa: F401  (records defined there)
 
     out = set(cls.__subclasses__())
     for sub in list(out):

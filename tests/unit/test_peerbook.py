@@ -1,4 +1,4 @@
-"""The peers file a bootstrap keeps to rejoin its swarm after a restart (swarm/peerbook.py), and its options."""
+"""The peers file a bootstrap keeps to rejoin its swarm after a restart (net/peerbook.py), and its options."""
 
 import json
 import logging
@@ -6,9 +6,9 @@ import logging
 import pytest
 
 from p2prl.cli import main
-from p2prl.swarm import peerbook
-from p2prl.swarm.bootstrap import ALONE_WARN_S, Status, _log_status
-from p2prl.swarm.peerbook import MAX_ADDRS, MAX_AGE_S, MAX_PEERS, KnownPeer
+from p2prl.net import peerbook
+from p2prl.ops.bootstrap import ALONE_WARN_S, Status, _log_status
+from p2prl.net.peerbook import MAX_ADDRS, MAX_AGE_S, MAX_PEERS, KnownPeer
 
 A = "12D3KooWG2yM4KcWxaKg4LBgaJPVT2kvnYUts4zPh3V2XURuFRe8"
 B = "QmT6odGPKtcVwxPT8iHf9t1tTCH3RRcsiQTAN2MBwSV1QL"
@@ -46,7 +46,7 @@ def test_missing_book_is_empty_without_a_warning(tmp_path, caplog):
 def test_damaged_book_is_ignored_with_a_warning(tmp_path, caplog, text):
     path = tmp_path / "boot.peers.json"
     path.write_bytes(text.encode("latin-1") if text == "\xff\xfe" else text.encode())
-    with caplog.at_level(logging.WARNING, "p2prl.swarm.peerbook"):
+    with caplog.at_level(logging.WARNING, "p2prl.net.peerbook"):
         assert peerbook.load(str(path)) == []
     assert len(caplog.records) == 1 and str(path) in caplog.records[0].getMessage()
 
@@ -80,7 +80,7 @@ def test_initial_peers_become_book_entries():
 
 
 def test_live_peer_count_is_logged_and_a_long_zero_is_a_warning(caplog):
-    with caplog.at_level(logging.INFO, "p2prl.swarm.bootstrap"):
+    with caplog.at_level(logging.INFO, "p2prl.ops.bootstrap"):
         _log_status(Status(live=3, connections=4, redialed=1, seen=[]), 0.0, 30.0)
         _log_status(Status(live=0, connections=0, redialed=0, seen=[]), ALONE_WARN_S / 2, 30.0)
         _log_status(Status(live=0, connections=1, redialed=0, seen=[]), ALONE_WARN_S, 30.0)
@@ -109,12 +109,12 @@ def test_bootstrap_rejects_an_unusable_peers_file_and_status_period(capsys, tmp_
 
 
 def test_an_unwritable_peers_file_is_a_warning_once(tmp_path, caplog):
-    from p2prl.swarm.bootstrap import _save_book
+    from p2prl.ops.bootstrap import _save_book
 
     blocker = tmp_path / "file"
     blocker.write_text("")
     book = [KnownPeer(A, ("/ip4/127.0.0.1/tcp/4001",), 1.0)]
-    with caplog.at_level(logging.WARNING, "p2prl.swarm.bootstrap"):
+    with caplog.at_level(logging.WARNING, "p2prl.ops.bootstrap"):
         assert not _save_book(f"{blocker}/peers.json", book, warn=True)
         assert not _save_book(f"{blocker}/peers.json", book, warn=False)
     assert len(caplog.records) == 1 and "--peers-file" in caplog.records[0].getMessage()

@@ -1,11 +1,11 @@
 """Address scope and filtering, the dial-back check's limits and verdicts, and the join-error classification
-(p2prl/swarm/reach.py); the network halves are in tests/network/test_reach_dial_back.py and test_nat.py."""
+(p2prl/net/reach.py); the network halves are in tests/network/test_reach_dial_back.py and test_nat.py."""
 
 import pytest
 
-from p2prl.swarm import reach
-from p2prl.swarm.dht import dht_kwargs
-from p2prl.swarm.reach import Checker, Verdict, announce_plan, classify_dial_error, decide, dial_targets, usable
+from p2prl.net import reach
+from p2prl.net.dht import dht_kwargs
+from p2prl.net.reach import Checker, Verdict, announce_plan, classify_dial_error, decide, dial_targets, usable
 
 PID = "12D3KooWK5eTcsMfbz8zh9Q83eyL9WB9DWUSEsoz12eAahcgNw4k"
 OTHER = "QmSuJZbJv9Rq7GDpZsf2EdmeajgZFa3Bfy6nXc9jGAb21E"

@@ -1,4 +1,4 @@
-"""A learner's announcements and look-ups never make its loop wait for the DHT (swarm/records.py): a version announced
+"""A learner's announcements and look-ups never make its loop wait for the DHT (net/records.py): a version announced
 while the last one's stores are in flight is left to the next call, which announces the newest; ``flush_policy`` lands
 the last one; ``Prefetch`` hands the loop what a look-up found a poll earlier. On the in-memory transport, with store
 answers the test holds back (tests/network/test_node_publish.py runs announcements against a real DHT)."""
@@ -8,10 +8,10 @@ import threading
 import time
 
 from p2prl.config import load_config
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.records import Prefetch
-from p2prl.swarm.transport import MemorySwarm
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.node import SwarmNode
+from p2prl.net.records import Prefetch
+from p2prl.net.transport import MemorySwarm
 
 
 class HeldStores:

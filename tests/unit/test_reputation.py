@@ -1,11 +1,11 @@
-"""Per-peer reputation and bans (p2prl/swarm/reputation.py), with a controlled clock."""
+"""Per-peer reputation and bans (p2prl/trust/reputation.py), with a controlled clock."""
 
 import json
 
 import pytest
 
 from p2prl.config import TrustConfig
-from p2prl.swarm.reputation import HONEST, Reputation
+from p2prl.trust.reputation import HONEST, Reputation
 
 
 class Clock:
@@ -117,8 +117,8 @@ def test_status_shows_each_learners_bans(monkeypatch, capsys):
     from types import SimpleNamespace
 
     from p2prl.config import load_config
-    from p2prl.swarm import status
-    from p2prl.swarm.dht import new_record
+    from p2prl.ops import status
+    from p2prl.net.dht import new_record
 
     learner = new_record("learner", "test", "12D3KooWlearner", policy_version=3, throughput=1.0, queue_depth=0,
                          banned=2, banned_ids=["12D3KooWbadone", "12D3KooWbadtwo"])

@@ -10,7 +10,7 @@ import torch
 from p2prl.config import load_config
 from p2prl.learner.rounds import LearnerRounds
 from p2prl.learner.state import LearnerState
-from p2prl.swarm.averaging import Round, RoundFailed
+from p2prl.net.averaging import Round, RoundFailed
 
 
 class Buffer:

@@ -1,6 +1,6 @@
 """Which member of a gradient round keeps a group that two members brought (pure logic)."""
 
-from p2prl.swarm.averaging import duplicates_to_drop
+from p2prl.net.averaging import duplicates_to_drop
 
 
 def tags(*ids):
@@ -23,7 +23,7 @@ def test_hivemind_traceback_of_a_failed_step_is_left_to_the_learners_own_line():
     import logging
     import sys
 
-    import p2prl.swarm.averaging  # noqa: F401  (adds the filter)
+    import p2prl.net.averaging  # noqa: F401  (adds the filter)
 
     hm = logging.getLogger("hivemind.averaging.averager")
     try:

@@ -6,8 +6,8 @@ import pytest
 
 from p2prl.config import Config, ConfigError, load_config, writable_dir
 from p2prl.policy.model import BUILTIN_MODEL, model_hash
-from p2prl.swarm.dht import RunConfigRecord
-from p2prl.swarm.runconfig import RunConfigMismatch, check, run_config
+from p2prl.net.dht import RunConfigRecord
+from p2prl.trust.runconfig import RunConfigMismatch, check, run_config
 from p2prl.tasks import make_task
 
 

@@ -9,8 +9,8 @@ from p2prl.sampler.loop import Sampler
 from p2prl.sampler.outbox import Outbox
 from p2prl.sampler.report import (SamplerProgress, SamplerSnapshot, format_summary, progress_postfix,
                                   status_line)
-from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import PolicyRecord
+from p2prl.trust.authority import Trust
+from p2prl.net.dht import PolicyRecord
 
 SNAP = SamplerSnapshot(version=12, newest=14, made=480, accepted=448, trained=384)
 

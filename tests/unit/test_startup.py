@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from p2prl.swarm.dht import BootstrapError, wait_for_peers_file
+from p2prl.net.dht import BootstrapError, wait_for_peers_file
 
 MADDR = "/ip4/127.0.0.1/tcp/4001/p2p/QmTvEk4skmRmga8agtLqenaMM6kfCxeCvz6jhbBAGMdcv1"
 

@@ -6,7 +6,7 @@ import sys
 
 PEER = """
 import time
-from p2prl.swarm import dht
+from p2prl.net import dht
 dht.SLOW_STOP_S = 0.5
 stop = dht.stop_on_signals()
 print("ready", flush=True)

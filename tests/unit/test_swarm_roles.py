@@ -14,11 +14,11 @@ from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.state import LearnerState
 from p2prl.policy.model import PolicyLoadError
 from p2prl.rollout.record import Limits
-from p2prl.swarm.authority import Trust
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.membership import Membership
-from p2prl.swarm.messages import HelloReply, pack
-from p2prl.swarm.protocol import MISSING, OK, WeightStore, weights_handler
+from p2prl.trust.authority import Trust
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.membership import Membership
+from p2prl.net.messages import HelloReply, pack
+from p2prl.net.protocol import MISSING, OK, WeightStore, weights_handler
 from helpers.streams import Writer, frame, served
 
 
@@ -61,7 +61,7 @@ class FakeNode:
 
 def test_failed_hellos_are_counted_and_logged_rate_limited(caplog):
     m = Membership(FakeNode(), 1.0, own_record=lambda: None, latest=lambda: None)
-    with caplog.at_level(logging.INFO, logger="p2prl.swarm.membership"):
+    with caplog.at_level(logging.INFO, logger="p2prl.net.membership"):
         for _ in range(7):
             m.heartbeat()
     assert m.counts == Counter({"hello_failed": 7})
@@ -78,7 +78,7 @@ def test_a_learner_is_alone_once_a_heartbeat_period_of_look_ups_found_no_other(m
     """What confirms a lone learner's versions at once: no other learner found by the look-ups of a whole heartbeat
     period (not a fixed two record lifetimes from its start: a fast sampler's outbox filled before that)."""
     clock = [100.0]
-    monkeypatch.setattr("p2prl.swarm.membership.time.time", lambda: clock[0])
+    monkeypatch.setattr("p2prl.net.membership.time.time", lambda: clock[0])
     node = FakeNode()
     found = [SimpleNamespace(peer_id="me")]
     node.records.peers = lambda role: found
@@ -140,7 +140,7 @@ def test_a_malformed_weights_request_is_a_counted_rejection(caplog):
         asyncio.run(go())
         return w.data
 
-    with caplog.at_level(logging.WARNING, logger="p2prl.swarm.protocol"):
+    with caplog.at_level(logging.WARNING, logger="p2prl.net.protocol"):
         assert ask(b"\x93garbage") == b""
         assert ask(pack({"version": "3", "sha256": "ab" * 32})) == b""
     assert store.bad_requests == 2
@@ -198,7 +198,7 @@ def test_rollout_admission_runs_off_the_network_loop():
 def test_state_reply_round_trip_and_checks():
     import hashlib
 
-    from p2prl.swarm.state_sync import ahead_of, decode_state, encode_state, state_header
+    from p2prl.net.state_sync import ahead_of, decode_state, encode_state, state_header
 
     w, opt = b"weights-bytes", b"optimizer"
     sha = hashlib.sha256(w).hexdigest()

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.fetch import MIN_SPLIT, Assembly, Piece, assemble, range_request, split
-from p2prl.swarm.node import refusal
-from p2prl.swarm.messages import pack
-from p2prl.swarm.protocol import MISSING, OK, WeightStore, weights_handler
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.fetch import MIN_SPLIT, Assembly, Piece, assemble, range_request, split
+from p2prl.net.node import refusal
+from p2prl.net.messages import pack
+from p2prl.net.protocol import MISSING, OK, WeightStore, weights_handler
 
 from helpers.streams import Writer, frame
 

@@ -14,9 +14,9 @@ from p2prl.learner.intake import RolloutIntake, SessionCounters
 from p2prl.learner.state import LearnerState
 from p2prl.rollout.record import Limits, RecordError, RolloutGroup, encode_group
 from p2prl.sampler.outbox import Outbox
-from p2prl.swarm import status
-from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.dht import (COUNTER_BLOCK, COUNTER_BLOCKS, MAX_RECORD_SESSIONS, PeerRecord, RunConfigRecord,
+from p2prl.ops import status
+from p2prl.trust.reputation import Reputation
+from p2prl.net.dht import (COUNTER_BLOCK, COUNTER_BLOCKS, MAX_RECORD_SESSIONS, PeerRecord, RunConfigRecord,
                              new_record)
 
 S = "12D3KooWsampler"
@@ -170,7 +170,7 @@ def test_hostile_record_values_refuse_the_record(change):
 
 def test_hostile_records_are_left_out_of_the_peers_read(monkeypatch):
     """A record that does not parse is left out of ``peers()`` as any other invalid record."""
-    from p2prl.swarm.records import Records
+    from p2prl.net.records import Records
 
     good = learner_record([(f"{S}/s", 3, [4])])
     bad = msgpack.packb(good.model_dump() | {"peer_id": "12D3KooWbad", "sessions": [[f"{S}/s", 3, [B + 9]]]})

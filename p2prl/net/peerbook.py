@@ -242,7 +242,7 @@ def with_known(configured: list[str], book: Sequence[KnownPeer], scope: str | No
     the initial peers: the peer's announced addresses and reachability check stay what they were) and only those
     that parse as hivemind reads them, since one it refuses would fail the whole start. No ``scope`` (no initial
     peers: the first peer of a run): none of the book."""
-    from p2prl.swarm import reach
+    from p2prl.net import reach
 
     if scope is None:
         return list(configured)
@@ -267,7 +267,7 @@ def known_initial_peers(net, path: str) -> list[str]:
     starts: when its bootstraps are all down, a peer it knew still lets it rejoin (any one that answers does)."""
     if not path:
         return list(net.initial_peers)
-    from p2prl.swarm import reach
+    from p2prl.net import reach
 
     book = load(path)
     if not book:

@@ -19,7 +19,7 @@ import msgpack
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from p2prl import PROTOCOL_VERSION, __version__
-from p2prl.swarm import owned
+from p2prl.trust import owned
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,7 @@ def start_dht(initial_peers: list[str], timeout_s: float, **kw):
     is refused before any daemon starts. In a run that spans hosts a peer announces only addresses of the run's
     scope (``reach.announce_plan``); a DHT that is not in client mode serves the dial-back check
     (``reach.serve_checks``)."""
-    from p2prl.swarm import reach
+    from p2prl.net import reach
 
     errors = reach.check_initial_peers(initial_peers)
     if errors:
@@ -347,7 +347,7 @@ class _Record(BaseModel):
             return None
 
 
-Record = _Record  # the base of DHT records defined in other modules (swarm/authority.py)
+Record = _Record  # the base of DHT records defined in other modules (trust/authority.py)
 
 
 # learners' counts of the group counters each sampler session sent them (withheld groups: ``p2prl status``)
@@ -435,7 +435,7 @@ class PolicyRecord(_Record):
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(gt=0)
     weight: int = Field(0, ge=0, le=2**40, description="samples averaged into this version (learners' tie-break)")
-    # with a run authority: the publisher's libp2p public key and its signature (swarm/authority.py); empty in open mode
+    # with a run authority: the publisher's libp2p public key and its signature (trust/authority.py); empty in open mode
     key: bytes = Field(b"", max_length=1024)
     signature: bytes = Field(b"", max_length=1024)
 

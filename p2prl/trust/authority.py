@@ -29,8 +29,8 @@ import msgpack
 from pydantic import Field, field_validator
 
 from p2prl.config import Config, ConfigError, usable_file
-from p2prl.swarm.dht import PolicyRecord, Record, RunConfigRecord
-from p2prl.swarm.owned import peer_id_of
+from p2prl.net.dht import PolicyRecord, Record, RunConfigRecord
+from p2prl.trust.owned import peer_id_of
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +312,7 @@ def learner_trust(authority: str, record_path: str, identity_path: str, run_id: 
                   mine: RunConfigRecord) -> Trust:
     """A learner's trust in an authority run: its run record checked against everything it can check. ``node_peer_id``:
     its node's, when it is running (None: checked when the node is built with this trust)."""
-    from p2prl.swarm.runconfig import LEARNER_SECTIONS, RunConfigMismatch, differences
+    from p2prl.trust.runconfig import LEARNER_SECTIONS, RunConfigMismatch, differences
 
     if not identity_path:
         raise TrustError("with trust.authority set, a learner needs net.identity_path (--identity-path): its peer id "
@@ -348,7 +348,7 @@ def init_run(out: Path, cfg: Config, learners: list[str], expires_days: float) -
         raise ConfigError("--expires-days must be positive")
     for p in learners:
         _check_peer_id(p)
-    from p2prl.swarm.runconfig import run_config
+    from p2prl.trust.runconfig import run_config
     from p2prl.tasks import make_task
 
     config = run_config(cfg, make_task(cfg.task))

@@ -20,13 +20,13 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from p2prl.config import Config
-from p2prl.swarm.authority import Trust, records_found
-from p2prl.swarm.dht import COUNTER_BLOCK, counter_window
-from p2prl.swarm.node import SwarmNode
-from p2prl.swarm.transport import HivemindTransport
+from p2prl.trust.authority import Trust, records_found
+from p2prl.net.dht import COUNTER_BLOCK, counter_window
+from p2prl.net.node import SwarmNode
+from p2prl.net.transport import HivemindTransport
 
 if TYPE_CHECKING:
-    from p2prl.swarm.dht import PeerRecord, RunConfigRecord
+    from p2prl.net.dht import PeerRecord, RunConfigRecord
 
 
 def trust_view(node: SwarmNode, run_id: str) -> dict:

@@ -16,11 +16,11 @@ import hashlib
 import logging
 from dataclasses import dataclass, field
 
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.messages import WeightsRequest
-from p2prl.swarm.node import FrameError, Refused, refused_reason, write_frame
-from p2prl.swarm.protocol import OK
-from p2prl.swarm.transport import WeightSource
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.messages import WeightsRequest
+from p2prl.net.node import FrameError, Refused, refused_reason, write_frame
+from p2prl.net.protocol import OK
+from p2prl.net.transport import WeightSource
 
 log = logging.getLogger(__name__)
 

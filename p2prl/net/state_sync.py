@@ -20,9 +20,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from p2prl.swarm.dht import PolicyRecord
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, MessageError, StateRequest, pack, unpack_map
-from p2prl.swarm.node import SwarmNode, read_frame, write_frame
+from p2prl.net.dht import PolicyRecord
+from p2prl.net.messages import MAX_CONTROL_BYTES, MessageError, StateRequest, pack, unpack_map
+from p2prl.net.node import SwarmNode, read_frame, write_frame
 
 log = logging.getLogger(__name__)
 MAX_STATE_HEADER = 64 << 20  # bytes of a state header (its list of recently trained group ids)

@@ -55,10 +55,10 @@ import numpy as np
 import torch
 
 from p2prl.algo.robust import Rule, aggregate
-from p2prl.swarm.messages import BlobReply, BlobRequest, Bounds
+from p2prl.net.messages import BlobReply, BlobRequest, Bounds
 
 if TYPE_CHECKING:
-    from p2prl.swarm.node import SwarmNode
+    from p2prl.net.node import SwarmNode
 
 log = logging.getLogger(__name__)
 

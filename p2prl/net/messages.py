@@ -17,8 +17,8 @@ from typing import Mapping
 
 import msgpack
 
-from p2prl.swarm.authority import RunRecord
-from p2prl.swarm.dht import PolicyRecord
+from p2prl.trust.authority import RunRecord
+from p2prl.net.dht import PolicyRecord
 
 MAX_CONTROL_BYTES = 1 << 20  # a control request's or reply's frame
 MAX_ACK_IDS = 4096  # items of one array or map in a control message

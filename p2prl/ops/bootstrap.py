@@ -4,7 +4,7 @@ Prints its multiaddrs (one a line, full ``/p2p/<peer id>`` form) to stdout, logs
 every ``STATUS_PERIOD_S`` seconds, and shuts the DHT (and its p2pd) down on SIGINT / SIGTERM.
 
 A restart must not cut it off from the swarm it served: it keeps the peers it saw in a peers file
-(``swarm/peerbook.py``) and dials them, and its ``--initial-peers``, as soon as it is up; while it runs,
+(``net/peerbook.py``) and dials them, and its ``--initial-peers``, as soon as it is up; while it runs,
 it re-dials its other bootstraps (and, with an empty table, every known peer) at every status check.
 """
 
@@ -20,9 +20,10 @@ from secrets import token_hex
 from p2prl import prom
 from p2prl.config import write_atomically
 from p2prl.log import setup_logging
-from p2prl.swarm import owned, peerbook
-from p2prl.swarm.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
-from p2prl.swarm.peerbook import KnownPeer
+from p2prl.net import peerbook
+from p2prl.trust import owned
+from p2prl.net.dht import BootstrapError, shutdown_dht, start_dht, stop_on_signals
+from p2prl.net.peerbook import KnownPeer
 
 log = logging.getLogger(__name__)
 

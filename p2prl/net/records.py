@@ -16,12 +16,12 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Callable, TypeVar
 
-from p2prl.swarm.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key
+from p2prl.net.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key
 
 if TYPE_CHECKING:
     from p2prl.config import NetConfig
-    from p2prl.swarm.authority import Trust
-    from p2prl.swarm.transport import Transport
+    from p2prl.trust.authority import Trust
+    from p2prl.net.transport import Transport
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

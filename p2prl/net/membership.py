@@ -17,9 +17,9 @@ import time
 from collections import Counter
 from typing import Callable
 
-from p2prl.swarm.dht import PeerRecord, PolicyRecord, RunConfigRecord
-from p2prl.swarm.messages import MAX_HELLO_LEARNERS, HelloReply, HelloRequest
-from p2prl.swarm.node import SwarmNode
+from p2prl.net.dht import PeerRecord, PolicyRecord, RunConfigRecord
+from p2prl.net.messages import MAX_HELLO_LEARNERS, HelloReply, HelloRequest
+from p2prl.net.node import SwarmNode
 
 log = logging.getLogger(__name__)
 

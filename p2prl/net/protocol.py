@@ -10,7 +10,7 @@ import time
 from collections import OrderedDict
 from typing import Callable
 
-from p2prl.swarm.messages import MAX_CONTROL_BYTES, WeightsRequest
+from p2prl.net.messages import MAX_CONTROL_BYTES, WeightsRequest
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def weights_handler(store: WeightStore, min_bps: float = 0.0, grace_s: float = 0
 
     An upload slower than ``min_bps`` (after ``grace_s``) is cut (``write_frame``); ``reject(peer,
     reason)`` is told of every bad request (the learner's reputation)."""
-    from p2prl.swarm.node import FrameError, read_frame, write_frame
+    from p2prl.net.node import FrameError, read_frame, write_frame
 
     async def handle(peer: str, reader, writer) -> None:
         try:

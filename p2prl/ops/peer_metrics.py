@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from p2prl.swarm.dht import parse_hostport
+from p2prl.net.dht import parse_hostport
 
 MAX_BYTES = 256 * 1024  # one peer's exposition; ours is a few KiB
 TIMEOUT_S = 2.0  # the whole exchange with one peer

@@ -25,14 +25,14 @@ from typing import Any, Awaitable, Callable
 import msgpack
 
 from p2prl.config import NetConfig
-from p2prl.swarm.authority import Trust, TrustError
-from p2prl.swarm import reach
-from p2prl.swarm.dht import BootstrapError
-from p2prl.swarm.limits import PeerLimits
-from p2prl.swarm.messages import CONTROL, PROTOCOLS, Bounds, MessageError
-from p2prl.swarm.records import Records
-from p2prl.swarm.reputation import Reputation
-from p2prl.swarm.transport import Transport
+from p2prl.trust.authority import Trust, TrustError
+from p2prl.net import reach
+from p2prl.net.dht import BootstrapError
+from p2prl.trust.limits import PeerLimits
+from p2prl.net.messages import CONTROL, PROTOCOLS, Bounds, MessageError
+from p2prl.net.records import Records
+from p2prl.trust.reputation import Reputation
+from p2prl.net.transport import Transport
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from p2prl.config import Config, ConfigError, write_atomically
 from p2prl.policy.model import model_hash
-from p2prl.swarm.dht import RunConfigRecord
+from p2prl.net.dht import RunConfigRecord
 from p2prl.tasks import Task
 
 SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")

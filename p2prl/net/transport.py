@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ContextManager, Iter
 import msgpack
 
 from p2prl.procs import exit_with_parent
-from p2prl.swarm import owned, peerbook
-from p2prl.swarm.dht import shutdown_dht, start_dht, wait_for_peers_file
+from p2prl.net import peerbook
+from p2prl.trust import owned
+from p2prl.net.dht import shutdown_dht, start_dht, wait_for_peers_file
 
 if TYPE_CHECKING:
     import torch

@@ -223,7 +223,7 @@ def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
 
 def render_run(snap: dict, bootstraps: list[str] | tuple[str, ...]) -> list[str]:
     """The run's trust (``status.trust_view``: its authority, if any) and the bootstraps the monitor joined through."""
-    from p2prl.swarm.status import describe_trust
+    from p2prl.ops.status import describe_trust
 
     e = html.escape
     out = []
@@ -305,7 +305,7 @@ class Monitor:
         self.lock = threading.Lock()
 
     def poll(self) -> None:
-        from p2prl.swarm.status import snapshot
+        from p2prl.ops.status import snapshot
 
         try:
             snap = snapshot(self.node, self.run_id)
@@ -321,7 +321,7 @@ class Monitor:
 
     def scrape(self) -> None:
         """One round: the endpoint of every peer in the last snapshot that announces one."""
-        from p2prl.swarm.peer_metrics import scrape_all
+        from p2prl.ops.peer_metrics import scrape_all
 
         with self.lock:
             targets = {r["peer_id"]: r["metrics"] for r in (self.snap or {}).get("peers", []) if r.get("metrics")}
@@ -387,10 +387,10 @@ class Monitor:
 
 
 def run_monitor(cfg, host: str, port: int, period_s: float) -> int:
-    from p2prl.swarm.authority import Trust
-    from p2prl.swarm.dht import stop_on_signals
-    from p2prl.swarm.node import SwarmNode
-    from p2prl.swarm.transport import HivemindTransport
+    from p2prl.trust.authority import Trust
+    from p2prl.net.dht import stop_on_signals
+    from p2prl.net.node import SwarmNode
+    from p2prl.net.transport import HivemindTransport
 
     stop = stop_on_signals()
     trust = Trust(cfg.trust.authority, cfg.net.run_id)
