@@ -5,9 +5,9 @@
   ``if`` / ``try``) or those inside functions too (lazy imports, which keep torch and hivemind
   out of ``p2prl --help``): a lazy import defers a dependency, it does not remove it, and a
   cycle through one still ties a low-level module to everything above it (one that lazily
-  imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")`` with the
-  module's name written out counts as a lazy import of it. Imports under ``if TYPE_CHECKING:``,
-  which never run, never count.
+  imports the CLI depends on all that the CLI imports). ``import_module("p2prl.x")``, with the
+  module's name written out or in a module-level constant, counts as a lazy import of it.
+  Imports under ``if TYPE_CHECKING:``, which never run, never count.
 * A module imports (lazily too) only from its own floor of the package and those below
   (``FLOORS``; ``UPWARD`` names the known exceptions, and must shrink to empty).
 * Every module logs by its own name, ``logging.getLogger(__name__)``.
@@ -71,7 +71,7 @@ def _import_time_nodes(tree: ast.AST, lazy: bool = False):
 def _targets(module: str, node: ast.Import | ast.ImportFrom | ast.Call) -> list[str]:
     """The p2prl modules an import statement (or an ``import_module`` call) loads explicitly."""
     if isinstance(node, ast.Call):
-        name = node.args[0].value if node.args and isinstance(node.args[0], ast.Constant) else None
+        name = _string(node.args[0], MODULES[module][1]) if node.args else None
         return [name] if name in MODULES else []
     if isinstance(node, ast.Import):
         return [a.name for a in node.names if a.name in MODULES]
@@ -81,6 +81,17 @@ def _targets(module: str, node: ast.Import | ast.ImportFrom | ast.Call) -> list[
     subs = [f"{source}.{a.name}" for a in node.names if f"{source}.{a.name}" in MODULES]
     plain = [a for a in node.names if f"{source}.{a.name}" not in MODULES]
     return subs + ([source] if plain else [])
+
+
+def _string(node: ast.AST, tree: ast.Module) -> object:
+    """The value of ``node`` when it is a constant, or the name of one that ``tree`` assigns at module level."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.Name):
+        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
+        return constants.get(node.id)
+    return None
 
 
 def _is_import(node: ast.AST) -> bool:
@@ -209,13 +220,13 @@ def test_the_checks_can_fail():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
     assert every_cycle({"a": {"b"}, "b": {"a", "c"}, "c": {"b"}}) == [["a", "b", "a"], ["b", "c", "b"]]
-    probe = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    import p2prl.cli\n"
+    probe = ast.parse("import typing\nif typing.TYPE_CHECKING:\n    import p2prl.cli\nALGO = 'p2prl.algo'\n"
                       "def f():\n    from p2prl import procs\n    importlib.import_module('p2prl.cli')\n"
-                      "    import_module(name)\n")
+                      "    import_module(ALGO)\n    import_module(name)\n")
     MODULES["p2prl._layout_probe"] = (PACKAGE / "_layout_probe.py", probe)
     try:
         assert import_graph()["p2prl._layout_probe"] == set()
-        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.procs", "p2prl.cli"}
+        assert import_graph(lazy=True)["p2prl._layout_probe"] == {"p2prl.procs", "p2prl.cli", "p2prl.algo"}
     finally:
         del MODULES["p2prl._layout_probe"]
     tree = ast.parse("import logging\nlogging.getLogger(__name__)\nlogging.getLogger('hivemind.dht')\n"
@@ -301,8 +312,6 @@ def foreign_loggers() -> list[str]:
     the call or by a module-level constant) are not p2prl's."""
     found = []
     for name, (_, tree) in MODULES.items():
-        constants = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
-                     and isinstance(n.value, ast.Constant) for t in n.targets if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
             if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and node.func.attr == "getLogger" and node.args):
@@ -310,7 +319,7 @@ def foreign_loggers() -> list[str]:
             arg = node.args[0]
             if isinstance(arg, ast.Name) and arg.id == "__name__":
                 continue
-            value = arg.value if isinstance(arg, ast.Constant) else constants.get(getattr(arg, "id", None))
+            value = _string(arg, tree)
             if isinstance(value, str) and value.split(".")[0] != "p2prl":
                 continue
             found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
