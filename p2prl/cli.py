@@ -699,5 +699,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m p2prl.cli: the module as p2prl.cli, whose log lines name p2prl.cli
+    from p2prl.cli import main as cli_main
+
+    sys.exit(cli_main())
