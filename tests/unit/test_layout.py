@@ -363,16 +363,18 @@ def test_no_class_over_300_lines_and_no_function_over_60():
 
 
 FLOORS = (
+    # what the config tree is assembled from: the objectives (pure torch), the wire record and the admission rules
+    ("algo", "rollout.record", "rollout.admission"),
     ("p2prl", "config", "log", "procs", "metrics", "prom"),  # plain Python: the config tree, logging, processes
-    ("algo", "tasks"),  # pure torch; the problems and their rewards
+    ("tasks",),  # the problems and their rewards
     ("policy", "rollout"),  # the model; the wire record and the learner's checks of it
     ("net", "trust"),  # the network (transport, records, streams, weights, rounds); whom a peer believes
     ("learner", "sampler", "ops"),  # the roles; the operator tools
     ("train", "launch", "experiments"),  # both roles in one process; local swarms; experiments
     ("cli",),
 )
-"""Floors of the package, bottom first, by top-level module or folder: a module imports (lazily too) only from its
-own floor and those below."""
+"""Floors of the package, bottom first, by top-level module or folder (or a module of one, which then stands apart
+from its folder's floor): a module imports (lazily too) only from its own floor and those below."""
 UPWARD = {
     ("p2prl.config", "p2prl.net.dht"),  # format_hostport, a plain helper that belongs on the bottom floor
     ("p2prl.prom", "p2prl.net.dht"),  # the same
@@ -383,9 +385,12 @@ UPWARD = {
 
 
 def _floor(module: str) -> int | None:
-    parts = module.split(".")
-    top = parts[1] if len(parts) > 1 else "p2prl"
-    return next((i for i, floor in enumerate(FLOORS) if top in floor), None)
+    """The floor of ``module``: that of the longest name in ``FLOORS`` it is or lies in."""
+    name = module.split(".", 1)[1] if "." in module else "p2prl"
+    for prefix in sorted({n for floor in FLOORS for n in floor}, key=len, reverse=True):
+        if name == prefix or name.startswith(prefix + "."):
+            return next(i for i, floor in enumerate(FLOORS) if prefix in floor)
+    return None
 
 
 def upward_imports(graph: dict[str, set[str]]) -> list[str]:
