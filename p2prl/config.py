@@ -544,7 +544,13 @@ class Config(_Section):
         ident = {k: getattr(self, k).model_dump() for k in ("model", "task", "sampling", "algo")}
         for where in ("device", "gradient_checkpointing"):  # how the model runs, not what is trained
             del ident["model"][where]
+        for how in SAMPLER_RUNTIME:  # how samples are generated: each sampler's own, every backend draws the same
+            del ident["sampling"][how]
         return ident
+
+
+SAMPLER_RUNTIME = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
+"""``sampling`` keys left out of the run identity: which generation backend a sampler runs and how."""
 
 
 class ConfigError(ValueError):
