@@ -68,7 +68,8 @@ MODE_LAMBDAS = (0.5, 1.0, 2.0, 4.0, 8.0)
 
 
 def mode_sums(mode: Tensor, top: Tensor, mask: Tensor) -> tuple[float, ...]:
-    """(S, V, C(l) for l in ``MODE_LAMBDAS``) over the tokens on ``mask``, from ``policy.model.sampling_stats``' ``mode``
+    """(S, V, C(l) for l in ``MODE_LAMBDAS``) over the tokens on ``mask``, from ``policy.model.sampling_stats``'
+    ``mode``
     (a_t - m_t, a_t whether the token is the most likely one, m_t that one's probability) and ``top`` (m_t): S the
     sum of the terms, V = sum m_t (1 - m_t) their variance, and C(l) = sum log E[exp(l (a_t - m_t))] =
     sum log(m_t e^(l (1 - m_t)) + (1 - m_t) e^(-l m_t)), each term's log moment-generating function under honest

@@ -1,6 +1,7 @@
 """Per-peer limits on incoming streams: a token-bucket rate per protocol and a concurrency cap.
 
-``Streams.serve`` (``net/node.py``, for ``serve_rpc`` too) asks ``enter(peer, protocol, pooled)`` before it runs a handler: None admits the
+``Streams.serve`` (``net/node.py``, for ``serve_rpc`` too) asks ``enter(peer, protocol, pooled)`` before it runs a
+handler: None admits the
 stream (``leave`` must follow, with the same ``pooled``), otherwise the stream is refused and counted as
 ``limited/<protocol>``; the refusal is answered after a short pause (``hold``: at most
 ``trust.peer_streams`` such streams held per peer, ``MAX_HELD`` in all, the rest answered at once), so a
