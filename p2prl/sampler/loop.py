@@ -352,7 +352,9 @@ class Sampler:
         waiting()
         wait_until(lambda: self.run_started() or waiting(), f"a learner of run {run_id!r} to publish a policy", log,
                    stop, cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
-        if not stop.is_set() and not self.cfg.trust.authority:  # it would believe anyone posing as a learner
+        if stop.is_set():
+            return
+        if not self.cfg.trust.authority:  # it would believe anyone posing as a learner: refused, with the fix
             refuse_unchecked_authority(self.node, "sampler")
         check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler", run_id)
 

@@ -240,3 +240,37 @@ def test_run_init_takes_run_id_and_never_signs_the_default(tmp_path, capsys):
     assert a.load_run_record(tmp_path / "c" / "run.record").run_id == "fromfile"
     assert main(["run", "init", "--out", str(tmp_path / "d"), "--config", str(conf), "--run-id", "flag"]) == 0
     assert a.load_run_record(tmp_path / "d" / "run.record").run_id == "flag"  # the flag wins, as in join
+
+
+def test_a_sampler_waiting_under_a_mistyped_run_id_is_listed_by_the_run_and_hints_once(authority, caplog,
+                                                                                       monkeypatch):
+    from p2prl.sampler import loop
+
+    key, pub = authority
+    swarm = MemorySwarm()
+    learner = authority_run(swarm, key, pub, run_id="nc4run")
+    learner.records.announce(new_record("learner", "nc4run", learner.peer_id, policy_version=0, throughput=0.0,
+                                        queue_depth=0))
+    monkeypatch.setattr(loop, "RunIdHint", lambda node, run_id: RunIdHint(node, run_id, after_s=0, every_s=0.1))
+    cfg = load_config(None, [*NET, "net.run_id=nc4rnu", f"trust.authority={pub}"])
+    node = SwarmNode(cfg.net, "sampler", swarm.transport(), trust=a.Trust(pub, "nc4rnu"))
+    sampler = loop.Sampler(cfg, node, core=SimpleNamespace(version=0, weights_sha256="", groups_made=0, task=None))
+    viewer = SwarmNode(load_config(None, [*NET, "net.run_id=nc4run"]).net, "status", swarm.transport())
+    stop = threading.Event()
+    waiting = threading.Thread(target=sampler.wait_for_run, args=(stop,), daemon=True)
+    try:
+        with caplog.at_level(logging.INFO, logger="p2prl.trust.runconfig"):
+            waiting.start()
+            for _ in range(100):  # a few polls of a wait for a run record that never comes
+                if "mistyped" in caplog.text and status.snapshot(viewer, "nc4run")["other_runs"]:
+                    break
+                stop.wait(0.05)
+            stop.wait(0.5)  # more polls: nothing more is said
+        assert status.snapshot(viewer, "nc4run")["other_runs"] == {"nc4rnu": {"sampler": 1}}
+        assert caplog.text.count("this DHT has run 'nc4run' (1 learner): is --run-id (net.run_id) mistyped?") == 1
+    finally:
+        stop.set()
+        waiting.join(10)
+        for n in (learner, node, viewer):
+            n.shutdown()
+    assert not waiting.is_alive()
