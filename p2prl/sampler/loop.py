@@ -14,7 +14,9 @@ its learner vanishes, forgets it or answers ``busy``, it is sent again later (to
 learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``), the
 requests and replies ``LearnerLink``'s (``sampler/delivery.py``). In a run with an authority
 (``trust/authority.py``) it waits for the run record the authority signed, checks the run's
-config against it, and loads versions from and sends groups to authorized learners only.
+config against it, and loads versions from and sends groups to authorized learners only; started
+without ``trust.authority``, it refuses to join a run that has one (``unchecked_authority``). While it
+waits for its run it heartbeats and names once a run id close to its own (``RunIdHint``).
 
 Threads: the loop thread owns the link (its outbox and requests in flight) and the generator. The
 sync thread hands a fetched version to it through ``fetched`` and takes learners' hints from

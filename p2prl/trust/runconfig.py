@@ -11,6 +11,9 @@ So a learner that finds learners or a published policy of its run id when it sta
 refuses to start unless it was told to join (``net.join``, ``--join``), or its ``train.out_dir`` was
 part of that run before (``run.json`` there names it: a restart). A learner told to join waits for
 the run to appear; one that finds no run starts it.
+
+A peer waiting for its run names, once, the run ids in the DHT close to its own (``RunIdHint``: a mistyped
+``--run-id`` shows in seconds, not never).
 """
 
 from __future__ import annotations
