@@ -242,7 +242,7 @@ def _add_run_parsers(sub) -> None:
         "authority a run is open: any peer may publish versions."),
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="a public run, step by step:\n"
-        "  p2prl run init --out myrun --config run.toml      # keep myrun/authority.key secret\n"
+        "  p2prl run init --out myrun --config run.toml --run-id myrun  # keep myrun/authority.key secret\n"
         "  p2prl run add-learner myrun --identity learner.id  # or a peer id a learner sent you\n"
         "  # learners:  p2prl join --role learner --identity-path learner.id --config run.toml \\\n"
         "  #              trust.authority=<key> trust.run_record=myrun/run.record ...\n"
@@ -252,7 +252,8 @@ def _add_run_parsers(sub) -> None:
     init = rsub.add_parser(
         "init", help="create the authority key and a signed run record in a new folder",
         description=_wrap("Create DIR/authority.key (the authority's private key, mode 0600: keep it secret and "
-        "backed up) and DIR/run.record (signed: net.run_id and the run's config from --config and the overrides, "
+        "backed up) and DIR/run.record (signed: the run id (--run-id or net.run_id: required, never the default), "
+        "the run's config from --config and the overrides, "
         "the --learner peer ids, expiry). Prints the authority's public key and the config lines peers need."),
         epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -261,6 +262,9 @@ def _add_run_parsers(sub) -> None:
     init.add_argument("--expires-days", type=float, default=90.0, metavar="N",
                       help="the record is valid for N days (default 90); `run add-learner --expires-days` renews it")
     init.add_argument("--learner", nargs="+", default=[], metavar="PEER_ID", help="peer ids of authorized learners")
+    init.add_argument("--run-id", default=None, metavar="NAME",
+                      help="the run's id, which the record signs (overrides net.run_id; required unless --config or "
+                      "an override sets net.run_id: every peer of the run uses it)")
     _add_config_args(init)
     add = rsub.add_parser(
         "add-learner", help="authorize a learner (its peer id) and re-sign the run record",

@@ -52,7 +52,7 @@ from p2prl.policy.weights import serialize_weights
 from p2prl.rollout.record import Limits, RolloutGroup
 from p2prl.rollout.verify import Verifier
 from p2prl.net import peerbook
-from p2prl.trust.authority import learner_trust
+from p2prl.trust.authority import learner_trust, refuse_unchecked_authority
 from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.trust.limits import PeerLimits
 from p2prl.net.membership import Membership
@@ -423,6 +423,8 @@ def run_learner(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     keeper = peerbook.Keeper(book, node.transport)
     try:
         join_run(cfg, node, task, stop)  # a run of its id found: joined on purpose (--join), else refused
+        if not cfg.trust.authority:  # an authority run refuses this learner's versions and rounds: said now, once
+            refuse_unchecked_authority(node, "learner")
         learner = Learner(cfg, node, resumed, task)
         server = prom.serve_metrics(cfg.net.metrics_port, cfg.net.metrics_host, learner.prometheus)
         node.records.metrics_addr = prom.announced_address(cfg.net, server)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import threading
+import time
 from typing import TYPE_CHECKING, Callable, TypeVar
 
 from p2prl.net.dht import RUNS_KEY, PeerRecord, PolicyRecord, RunAnnouncement, RunConfigRecord, key
@@ -113,13 +114,21 @@ class Records:
         return 3 * self.cfg.heartbeat_s
 
     def announce(self, record: PeerRecord) -> bool:
-        """Our peer record in the run (with our metrics endpoint), and our run under ``RUNS_KEY`` (seen by
-        ``p2prl status`` of other runs)."""
+        """Our peer record in the run (with our metrics endpoint and the authority we check), and our run under
+        ``RUNS_KEY`` (seen by ``p2prl status`` of other runs)."""
         if self.metrics_addr:
             record = record.model_copy(update={"metrics": self.metrics_addr})
+        if not self.trust.open:  # the authority it checks: `p2prl status` flags samplers of an authority run without
+            record = record.model_copy(update={"authority": self.trust.authority})
         self._store(RUNS_KEY, RunAnnouncement(run_id=record.run_id, role=record.role,
                                                       updated=record.updated).encode(), self.ttl)
         return self._store(key(self.cfg.run_id, "peers"), record.encode(), self.ttl)
+
+    def announce_run(self, role: str) -> bool:
+        """Our run under ``RUNS_KEY`` alone (a peer that waits for its run before it takes part: `p2prl status` of
+        another run lists it, a mistyped run id shows)."""
+        return self._store(RUNS_KEY, RunAnnouncement(run_id=self.cfg.run_id, role=role, updated=time.time()).encode(),
+                           self.ttl)
 
     def runs(self) -> dict[str, RunAnnouncement]:
         """Peer id -> the run it announced (every run, this one included); invalid records are left out."""

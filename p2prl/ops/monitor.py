@@ -222,8 +222,9 @@ def render_metrics(snap: dict, scraped: dict[str, dict]) -> list[str]:
 
 
 def render_run(snap: dict, bootstraps: list[str] | tuple[str, ...]) -> list[str]:
-    """The run's trust (``status.trust_view``: its authority, if any) and the bootstraps the monitor joined through."""
-    from p2prl.ops.status import describe_trust
+    """The run's trust (``status.trust_view``: its authority, if any, and the samplers that do not check it) and the
+    bootstraps the monitor joined through."""
+    from p2prl.ops.status import describe_trust, describe_unchecked
 
     e = html.escape
     out = []
@@ -231,6 +232,9 @@ def render_run(snap: dict, bootstraps: list[str] | tuple[str, ...]) -> list[str]
     if t is not None:
         key = f' title="authority key {e(t["authority"])}"' if t.get("authority") else ""
         out.append(f'<p id="trust" class="{e(t["mode"])}"{key}>{e(describe_trust(t))}</p>')
+    if snap.get("unchecked"):  # samplers of an authority run that do not check its authority
+        out.append('<ul id="unchecked">' + "".join(f"<li>{e(describe_unchecked(u))}</li>" for u in snap["unchecked"])
+                   + "</ul>")
     if bootstraps:
         out.append('<p id="bootstraps">bootstrap' + "s" * (len(bootstraps) > 1) + " (this monitor joined through): "
                    + ", ".join(f'<span class="maddr">{e(b)}</span>' for b in bootstraps) + "</p>")

@@ -1,7 +1,9 @@
 """``p2prl status``: the live peers of a run, as a table or JSON; ``--watch`` refreshes the table in place.
 
-Peers of other runs seen in the DHT (every peer announces its run under ``RUNS_KEY``) are listed
-with their run id, e.g. a sampler that waits under a mistyped ``--run-id``.
+Peers of other runs seen in the DHT (every peer announces its run under ``RUNS_KEY``, waiting ones too) are listed
+with their run id, e.g. a sampler that waits under a mistyped ``--run-id``. In an authority run, samplers whose peer
+record names no authority (started without ``trust.authority``), or another one than ``--authority``, are listed
+too (``unchecked``).
 
 The run's trust is read from the DHT too (``trust_view``): a run whose learners publish a run authority's record
 is shown as an authority run even without ``--authority``, though only with the authority's key is the record
@@ -125,6 +127,7 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
             "last_seen_s": round(max(0.0, now - p.updated), 1), "software": p.software, "protocol": p.protocol,
             "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
             "metrics": p.metrics, "withheld": gaps.get(p.peer_id) if p.role == "sampler" else None,
+            "authority": p.authority or None,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
@@ -132,8 +135,28 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
     for r in runs.values():
         if r.run_id != run_id:
             others.setdefault(r.run_id, Counter())[r.role] += 1
-    return {"run_id": run_id, "policy_version": version, "peers": rows, "trust": trust_view(node, run_id),
-            "other_runs": {k: dict(v) for k, v in sorted(others.items())}}
+    trust = trust_view(node, run_id)
+    return {"run_id": run_id, "policy_version": version, "peers": rows, "trust": trust,
+            "other_runs": {k: dict(v) for k, v in sorted(others.items())}, "unchecked": unchecked(rows, trust)}
+
+
+def unchecked(rows: list[dict], trust: dict) -> list[dict]:
+    """The samplers of an authority run that do not check its authority: ``peer_id`` and ``checks`` (the authority
+    they check: None when none, an older peer's record says nothing; or another key than the one ``trust`` verified).
+    Such a sampler takes versions from anyone posing as a learner of the run."""
+    if trust["mode"] != "authority":
+        return []
+    want = trust["authority"]  # the key status checked with (--authority); None: not verified
+    return [{"peer_id": r["peer_id"], "checks": r["authority"]} for r in rows
+            if r["role"] == "sampler" and (r["authority"] is None or (want is not None and r["authority"] != want))]
+
+
+def describe_unchecked(u: dict) -> str:
+    """One line of ``unchecked``."""
+    if u["checks"] is None:
+        return (f"sampler …{u['peer_id'][-10:]} does not check the run's authority (no trust.authority): it would "
+                "load versions from anyone posing as a learner")
+    return f"sampler …{u['peer_id'][-10:]} checks another authority ({u['checks'][:12]}) than the run's"
 
 
 def _num(x: float | None, fmt: str) -> str:
@@ -171,6 +194,7 @@ def render(snap: dict):
         if w and w["withheld"] > 0:
             parts.append(f"sampler …{r['peer_id'][-10:]} withheld about {w['withheld']} of its last {w['counters']} "
                          f"groups (learners read {w['read']}, it reports {w['unread']} not yet sent)")
+    parts += [describe_unchecked(u) for u in snap.get("unchecked", [])]
     if "trust" in snap:
         parts.append(describe_trust(snap["trust"]))
     return Group(*parts)

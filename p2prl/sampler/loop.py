@@ -14,7 +14,9 @@ its learner vanishes, forgets it or answers ``busy``, it is sent again later (to
 learner when there is one): the delivery rules are ``Outbox``'s (``sampler/outbox.py``), the
 requests and replies ``LearnerLink``'s (``sampler/delivery.py``). In a run with an authority
 (``trust/authority.py``) it waits for the run record the authority signed, checks the run's
-config against it, and loads versions from and sends groups to authorized learners only.
+config against it, and loads versions from and sends groups to authorized learners only; started
+without ``trust.authority``, it refuses to join a run that has one (``unchecked_authority``). While it
+waits for its run it heartbeats and names once a run id close to its own (``RunIdHint``).
 
 Threads: the loop thread owns the link (its outbox and requests in flight) and the generator. The
 sync thread hands a fetched version to it through ``fetched`` and takes learners' hints from
@@ -35,7 +37,7 @@ import threading
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Callable, Generic, TypeVar
 
 from p2prl import prom
 from p2prl.config import Config
@@ -47,13 +49,13 @@ from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.delivery import LearnerLink
 from p2prl.sampler.report import SamplerProgress, SamplerSnapshot, sampler_metrics
 from p2prl.net import peerbook
-from p2prl.trust.authority import RunRecord, Trust
+from p2prl.trust.authority import RunRecord, Trust, refuse_unchecked_authority
 from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.net.fetch import fetch_weights
 from p2prl.trust.limits import PeerLimits
 from p2prl.net.node import SwarmNode, wait_until
 from p2prl.net.protocol import WeightStore, weights_handler
-from p2prl.trust.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, differences, run_config
+from p2prl.trust.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, RunIdHint, differences, run_config
 from p2prl.trust.runconfig import check as check_run_config
 from p2prl.net.transport import HivemindTransport
 from p2prl.tasks import make_task
@@ -314,22 +316,7 @@ class Sampler:
             self.node.serve("weights", weights_handler(self.store, self.cfg.flow.min_upload_mbps * 1e6 / 8,
                                                        self.cfg.net.rpc_timeout_s),
                             self.node.transfer_timeout(int(self.cfg.flow.max_weights_mb * 1e6)))
-        if self.cfg.trust.authority:
-            join_authority_run(self.node, self.cfg, self.core.task, stop)
-        self.heartbeat()
-        beat = [time.time()]
-
-        # heartbeats go on while waiting: `p2prl status` shows a sampler waiting in a run nobody trains
-        def learner_up():
-            if time.time() - beat[0] > self.cfg.net.heartbeat_s:
-                self.heartbeat()
-                beat[0] = time.time()
-            return self.run_started()
-
-        wait_until(learner_up, f"a learner of run {self.cfg.net.run_id!r} to publish a policy", log, stop,
-                   cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
-        check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler",
-                         self.cfg.net.run_id)
+        self.wait_for_run(stop)
         while not self.core.weights_sha256 and not stop.is_set():
             self.maybe_sync()
             stop.wait(0 if self.core.weights_sha256 else self.cfg.net.poll_s)
@@ -349,6 +336,29 @@ class Sampler:
         deadline = time.monotonic() + self.cfg.net.rpc_timeout_s + 1
         for t in threads:
             t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def wait_for_run(self, stop: threading.Event) -> None:
+        """Wait for the run (``trust.authority``: its run record first) and a learner's policy; refuse a run whose
+        config differs, or one with an authority this sampler does not check. Heartbeats go on meanwhile (`p2prl
+        status` lists a waiting sampler), and a run id close to ours is named once (``RunIdHint``: a typo)."""
+        run_id, hint, beat = self.cfg.net.run_id, RunIdHint(self.node, self.cfg.net.run_id), [-math.inf]
+
+        def waiting():
+            if time.time() - beat[0] > self.cfg.net.heartbeat_s:
+                self.heartbeat()
+                beat[0] = time.time()
+            hint.check()
+
+        if self.cfg.trust.authority:
+            join_authority_run(self.node, self.cfg, self.core.task, stop, waiting)
+        waiting()
+        wait_until(lambda: self.run_started() or waiting(), f"a learner of run {run_id!r} to publish a policy", log,
+                   stop, cap=min(START_POLL_CAP_S, self.cfg.net.heartbeat_s), base=START_POLL_S)
+        if stop.is_set():
+            return
+        if not self.cfg.trust.authority:  # it would believe anyone posing as a learner: refused, with the fix
+            refuse_unchecked_authority(self.node, "sampler")
+        check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler", run_id)
 
     def generate(self, stop: threading.Event, shown: SamplerProgress) -> None:
         """The loop: load what the sync thread fetched, handle replies, send, generate; until ``stop``."""
@@ -388,10 +398,18 @@ class Sampler:
             return {**self.view.counts, **self.counts}
 
 
-def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event) -> None:
+def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event,
+                       waiting: Callable[[], None] = lambda: None) -> None:
     """Wait for the run record signed by ``trust.authority`` (the node's trust, made for that authority: see
-    ``run_sampler``); refuse to join if its config differs from ours."""
-    rec = wait_until(lambda: node.records.refresh_trust() or node.trust.record,
+    ``run_sampler``), calling ``waiting`` between look-ups; refuse to join if its config differs from ours."""
+
+    def found():
+        if node.records.refresh_trust() or node.trust.record:
+            return node.trust.record
+        waiting()
+        return None
+
+    rec = wait_until(found,
                      f"the run record of run {cfg.net.run_id!r} signed by authority {cfg.trust.authority[:12]}",
                      log, stop)
     if rec is None:

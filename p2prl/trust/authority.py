@@ -29,7 +29,7 @@ import msgpack
 from pydantic import Field, field_validator
 
 from p2prl.config import Config, ConfigError, usable_file
-from p2prl.net.dht import PolicyRecord, Record, RunConfigRecord
+from p2prl.net.dht import PeerRecord, PolicyRecord, Record, RunConfigRecord
 from p2prl.trust.owned import peer_id_of
 
 log = logging.getLogger(__name__)
@@ -308,6 +308,46 @@ def records_found(found: dict[str, bytes], run_id: str) -> list[RunRecord]:
     return sorted(recs.values(), key=lambda r: r.issued, reverse=True)
 
 
+def unchecked_authority(run_id: str, found: dict[str, bytes], learners: list[PeerRecord], role: str) -> str | None:
+    """Why a peer started without ``trust.authority`` must not join run ``run_id``: its learners publish a run record
+    (``found``: DHT subkey -> value) or announce the authority they check (``learners``' records); None when the run
+    is open. The refusal names the keys the learners announce whose run records verify, to be checked against the
+    key the run publishes (any peer can announce a key: only the run's own word makes one the run's)."""
+    recs = records_found(found, run_id)
+    announced = sorted({r.authority for r in learners if getattr(r, "authority", "")})
+    if not recs and not announced:
+        return None
+    keys = [k for k in announced if any(rec.problem(k, run_id) is None for rec in recs)] or announced
+    if role == "sampler":
+        why = ("this sampler was started without trust.authority, so it cannot tell the run's learners from anyone "
+               "posing as one: it would load their versions and send them its groups")
+        fix = "start it with the key the run publishes"
+    else:
+        why = ("this learner was started without trust.authority: the run's learners refuse the versions, states and "
+               "gradient rounds of a learner the authority did not authorize")
+        fix = ("have the run authority authorize this learner's identity (`p2prl run add-learner RUN_FOLDER "
+               "--identity FILE`), then start it with --identity-path FILE, trust.run_record=FILE (the run.record it "
+               "sends back) and the key the run publishes")
+    if len(keys) == 1:
+        seen = (f"its learners announce authority {keys[0]}: if that is the key the run publishes, add "
+                f"trust.authority={keys[0]}")
+    elif keys:
+        seen = ("its learners announce several authorities (at most one is the run's): " + ", ".join(keys)
+                + "; add trust.authority=<the run's key>")
+    else:
+        seen = "add trust.authority=<the key the run publishes> (`p2prl run init` printed it for the run's operator)"
+    return f"run {run_id!r} has a run authority and {why}.\n  {fix}: {seen}"
+
+
+def refuse_unchecked_authority(node, role: str) -> None:
+    """``TrustError`` (``unchecked_authority``) when ``node``, started without ``trust.authority``, finds that its
+    run has an authority: one DHT look-up of the run records and one of the learners."""
+    run_id = node.records.cfg.run_id
+    problem = unchecked_authority(run_id, node.records.run_records(), node.records.peers("learner"), role)
+    if problem:
+        raise TrustError(problem)
+
+
 def learner_trust(authority: str, record_path: str, identity_path: str, run_id: str, node_peer_id: str | None,
                   mine: RunConfigRecord) -> Trust:
     """A learner's trust in an authority run: its run record checked against everything it can check. ``node_peer_id``:
@@ -346,6 +386,10 @@ def init_run(out: Path, cfg: Config, learners: list[str], expires_days: float) -
         raise ConfigError(f"{key_file} exists: this folder already holds a run authority (use `p2prl run add-learner`)")
     if expires_days <= 0:
         raise ConfigError("--expires-days must be positive")
+    if cfg.net.run_id == type(cfg.net).model_fields["run_id"].default:
+        raise ConfigError(f"`p2prl run init` signs the run's id, and net.run_id is the default {cfg.net.run_id!r} "
+                          "(every local run's): name the run with --run-id NAME (or net.run_id in --config or as an "
+                          "override), the id every peer of the run passes as --run-id")
     for p in learners:
         _check_peer_id(p)
     from p2prl.trust.runconfig import run_config

@@ -11,14 +11,19 @@ So a learner that finds learners or a published policy of its run id when it sta
 refuses to start unless it was told to join (``net.join``, ``--join``), or its ``train.out_dir`` was
 part of that run before (``run.json`` there names it: a restart). A learner told to join waits for
 the run to appear; one that finds no run starts it.
+
+A peer waiting for its run names, once, the run ids in the DHT close to its own (``RunIdHint``: a mistyped
+``--run-id`` shows in seconds, not never).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -146,6 +151,52 @@ def taken_message(run_id: str, learners: int, version: int, previous: str | None
             "  to start a new run: pick another run id (--run-id NAME, net.run_id=NAME)")
 
 
+class RunIdHint:
+    """While a peer waits for its run, look up the runs the DHT holds (``records.runs()``) and say once, when one has
+    a run id close to ours (``difflib``), that ours may be mistyped; else, once, which runs there are. The first
+    look-up is ``after_s`` into the wait (a run starting at the same time shows up meanwhile), then every
+    ``every_s`` until there is something to say: a DHT look-up per ``every_s`` at most, one line in all."""
+
+    def __init__(self, node, run_id: str, clock: Callable[[], float] = time.monotonic, after_s: float = 3.0,
+                 every_s: float = 5.0):
+        self.node, self.run_id, self.clock, self.every_s = node, run_id, clock, every_s
+        self.next, self.said = clock() + after_s, None
+
+    def check(self) -> str | None:
+        """Look up and log the hint when one is due; the line said (None: nothing said yet)."""
+        if self.said is not None or self.clock() < self.next:
+            return self.said
+        self.next = self.clock() + self.every_s
+        self.said = run_id_hint(self.node.records.runs(), self.run_id, self.node.peer_id)
+        if self.said is not None:
+            log.warning("%s", self.said)
+        return self.said
+
+
+def run_id_hint(runs: dict, run_id: str, me: str = "", close_only: bool = False) -> str | None:
+    """The line a peer waiting for run ``run_id`` says of the runs announced in the DHT (peer id -> announcement):
+    the close names first (a mistyped run id), else the runs there are; None when no other run is announced."""
+    import difflib
+
+    others: dict[str, Counter] = {}
+    for peer, r in runs.items():
+        if r.run_id != run_id and peer != me:
+            others.setdefault(r.run_id, Counter())[r.role] += 1
+    if not others:
+        return None
+    what = lambda name: (f"{name!r} (" + ", ".join(f"{n} {role}" + "s" * (n > 1)  # noqa: E731
+                                                   for role, n in sorted(others[name].items())) + ")")
+    close = difflib.get_close_matches(run_id, list(others), n=3, cutoff=0.6)
+    if close:
+        return (f"no learner of run {run_id!r} found yet, and this DHT has run " + " and ".join(map(what, close))
+                + f": is --run-id (net.run_id) mistyped? `p2prl status --run-id {close[0]}` shows that run")
+    if close_only:
+        return None
+    names = sorted(others, key=lambda n: -sum(others[n].values()))
+    return (f"no learner of run {run_id!r} found yet; the runs in this DHT: " + ", ".join(map(what, names[:5]))
+            + (f" and {len(names) - 5} more" if len(names) > 5 else "") + " (is --run-id the run's id?)")
+
+
 def join_run(cfg: Config, node, task: Task, stop: threading.Event,
              clock: Callable[[], float] = time.monotonic) -> str:
     """Decide, before a learner serves anything, whether it starts its run, joins it or resumes its part in it;
@@ -163,10 +214,16 @@ def join_run(cfg: Config, node, task: Task, stop: threading.Event,
         log.info("waiting for run %r to join (--join): no learner of it found yet; without --join this learner "
                  "would start the run", run_id)
         t0 = said = clock()
+        hint, announced = RunIdHint(node, run_id, clock), -math.inf
         while version is None:
+            if clock() - announced >= cfg.net.heartbeat_s:  # `p2prl status` of another run lists it meanwhile
+                node.records.announce_run("learner")
+                announced = clock()
             if stop.wait(cfg.net.poll_s):
                 raise StoppedWaiting(f"stopped while waiting for run {run_id!r} to join")
             learners, version = found_run(node)
+            if version is None:
+                hint.check()
             if version is None and clock() - said >= WAIT_LOG_S:
                 log.info("still waiting for a learner of run %r (%.0f s so far): is --initial-peers the run's "
                          "bootstrap, and --run-id its id?", run_id, clock() - t0)
@@ -175,6 +232,9 @@ def join_run(cfg: Config, node, task: Task, stop: threading.Event,
         how = "resumed" if own else "started"
         log.info("no other learner of run %r found: this learner %s it", run_id,
                  "resumes" if own else "starts")
+        close = run_id_hint(node.records.runs(), run_id, node.peer_id, close_only=True)
+        if close and not own:
+            log.warning("%s", close.replace("no learner of run", "starting run", 1).replace(" found yet", "", 1))
     else:
         others = {p: r for p, r in node.records.run_configs().items() if p != node.peer_id}
         check(others, run_config(cfg, task), "learner", run_id)  # a different config: refused with both values

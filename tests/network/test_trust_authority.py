@@ -51,6 +51,19 @@ def test_rogue_learner_gets_no_group_and_its_version_is_never_loaded(peers, tmp_
     assert f"trust: authority {pub[:12]}, 1 learners" in status.stdout, status.stdout + status.stderr
     assert status.stdout.count("learner ") == 1, status.stdout  # the rogue is not listed as a learner
 
+    # a learner (--join) and a sampler started without the authority's key: refused at join with the fix, not looping
+    peers.join("bare-learner", "learner", maddr, *RUN, out=tmp_path / "bare", join=True)
+    peers.join("bare-sampler", "sampler", maddr, *RUN)
+    for name, role in (("bare-learner", "learner"), ("bare-sampler", "sampler")):
+        wait_for(lambda: peers.procs[name].poll() is not None, 120, f"the {role} without the key to stop")
+        log = peers.log(name)
+        assert peers.procs[name].poll() == 2, log
+        assert f"run 'test' has a run authority and this {role} was started without trust.authority" in log, log
+        assert "Traceback" not in log and "failed: " not in log, log
+    assert f"add trust.authority={pub}" in peers.log("bare-sampler")
+    assert "p2prl run add-learner RUN_FOLDER --identity FILE" in peers.log("bare-learner")
+    assert not (tmp_path / "bare" / "train_log.jsonl").exists()  # it never trained
+
     assert peers.stop("sampler") == 0
     sampler = last_json(peers.log("sampler"))
     got = rogue()

@@ -183,7 +183,7 @@ def test_cli_run_init_add_learner_show(tmp_path, capsys, ids):
     assert main(["run", "add-learner", str(out), "not-a-peer-id"]) == 2
     assert "is not a libp2p peer id" in capsys.readouterr().err
     other = tmp_path / "other"
-    assert main(["run", "init", "--out", str(other)]) == 0
+    assert main(["run", "init", "--out", str(other), "--run-id", "pub"]) == 0
     (out / "authority.key").unlink()
     os.rename(other / "authority.key", out / "authority.key")
     assert main(["run", "add-learner", str(out), k1]) == 2
@@ -194,7 +194,7 @@ def test_cli_run_init_add_learner_show(tmp_path, capsys, ids):
     assert main(["run", "show", str(tmp_path / "missing")]) == 2
     capsys.readouterr()
     exp = tmp_path / "exp"
-    assert main(["run", "init", "--out", str(exp), "--expires-days", "1"]) == 0
+    assert main(["run", "init", "--out", str(exp), "--expires-days", "1", "--run-id", "pub"]) == 0
     k = a.load_authority_key(exp / "authority.key")
     old = a.load_run_record(exp / "run.record")
     (exp / "run.record").write_bytes(old.model_copy(update={"expires": time.time() - 10}).signed(k).encode())

@@ -23,9 +23,10 @@ class RunNode:
 
     peer_id = "me"
 
-    def __init__(self, learners=(), policy=None, configs=None, appear_after=0):
+    def __init__(self, learners=(), policy=None, configs=None, appear_after=0, runs=None):
         self.learners = [SimpleNamespace(peer_id=p, policy_version=v) for p, v in learners]
         self.policy, self.configs, self.appear_after, self.lookups = policy, configs or {}, appear_after, 0
+        self.announced, self.runs_lookups = runs or {}, 0  # peer id -> RunAnnouncement (every run's peers)
 
     @property
     def records(self):  # its records, faked in the same object
@@ -43,6 +44,13 @@ class RunNode:
 
     def run_configs(self):
         return self.configs
+
+    def runs(self):
+        self.runs_lookups += 1
+        return self.announced
+
+    def announce_run(self, role):
+        self.announcing = role
 
 
 def setup(tmp_path, *overrides):
