@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -34,18 +35,33 @@ class NullSink:
 
 
 class JsonlSink:
-    """Appends one JSON object per call: ``{"step": .., "time": .., **metrics}``."""
+    """Appends one JSON object per call: ``{"step": .., "time": .., **metrics}``. ``error``: what a failed write (a
+    full disk) raises instead of its ``OSError`` (e.g. one line naming the path and the free space); after one,
+    ``close`` raises nothing more."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, error: Callable[[OSError], Exception] | None = None):
+        self.path, self.error, self.failed = Path(path), error, False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", buffering=1)
 
     def log(self, step: int, metrics: dict) -> None:
-        self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        try:
+            self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        except OSError as e:
+            self.failed = True
+            if self.error is None:
+                raise
+            raise self.error(e) from e
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError as e:  # the line a failed write left in the buffer: said already
+            if not self.failed:
+                self.failed = True
+                if self.error is None:
+                    raise
+                raise self.error(e) from e
 
 
 def lag_by_sampler(train_log: list[dict]) -> dict[str, dict[int, int]]:

@@ -184,7 +184,7 @@ class Learner:
         self.complete_before = self.core.version >= t.steps
         log.info("learner %s serving run %r at version %d; peers can join via %s",
                  self.node.short_id, cfg.net.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
-        self.sink = JsonlSink(self.out / "metrics.jsonl")
+        self.sink = JsonlSink(self.out / "metrics.jsonl", lambda e: disk_error(self.out, e, "metrics.jsonl"))
         self.bar = progress_bar(total=t.steps, initial=self.core.version, disable=not progress, desc="learner")
         self.last_check = self.started = self.version_since = time.time()
         self.membership.start_heartbeats()
