@@ -104,7 +104,8 @@ class LearnerLink:
             try:
                 states = self.acks_reply(a.learner, a.reply.result())
             except Exception as e:
-                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time())
+                others = any(r.peer_id != a.learner for r in self.learners())
+                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time(), others)
                 continue
             for gid in self.outbox.states(a.learner, a.ids, states):
                 if self.ack_log:
