@@ -157,10 +157,15 @@ def format_summary(summary: dict, what: str) -> str:
     """A few lines for a person about a training run (a learner's, ``p2prl train``'s): accuracy, versions, wall time,
     groups, where the outputs are (a sampler's: ``p2prl.sampler.report.format_summary``)."""
     ran = "already complete" if summary.get("complete_before") else f"in {_duration(summary['wall_s'])}"
+    if summary.get("resumed_from") is not None and not summary.get("complete_before"):  # a restart: not the run's time
+        ran += f" (this session, resumed at version {summary['resumed_from']})"
     ended = "finished" if summary["version"] >= summary["steps"] else "stopped"
     lines = [f"{what} {ended} at version {summary['version']} of {summary['steps']} {ran}",
              f"  held-out accuracy {summary['base_acc']:.3f} -> {summary['final_acc']:.3f} "
              f"(best {summary['best_acc']:.3f})"]
+    if summary.get("lost_at_restart"):
+        lines.append(f"  {summary['lost_at_restart']} version(s) past its last checkpoint were lost at the restart "
+                     "(train.checkpoint_every bounds this)")
     g = summary["groups"]
     lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
     names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}

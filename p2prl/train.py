@@ -90,6 +90,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
         sink.close()
     summary = {"version": learner.version, "steps": t.steps, "complete_before": complete_before, "base_acc": base_acc,
                "final_acc": acc, "best_acc": best, "wall_s": time.time() - started,
+               "resumed_from": state.get("version"),
                "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts)}
     return finish_run(out, summary, {"metrics": out / "metrics.jsonl", "checkpoint": out / "checkpoint"})
 

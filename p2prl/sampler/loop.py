@@ -125,7 +125,6 @@ class Sampler:
         self.newest = 0  # the newest version a learner is known to have published (for the lag shown)
         self.loads = 0  # versions loaded into the generator (the loop thread's)
         self.loaded: deque[int] = deque(maxlen=LOADED_LISTED)  # which, the most recent (the summary lists them)
-        self.waiting = False  # no learner of the run answers (the loop thread's: ``note_learners``)
 
     # ---- weights ---------------------------------------------------------------------------
     def fetch(self, publisher: str, rec: PolicyRecord, direct: bool = False) -> bytearray | None:
@@ -306,21 +305,7 @@ class Sampler:
         counts = self.link.outbox.counts
         return SamplerSnapshot(version=self.core.version, newest=max(self.newest, self.core.version),
                                made=self.core.groups_made, accepted=counts["send/accepted"],
-                               trained=counts["acked/trained"], waiting=self.waiting, kept=len(self.link.outbox))
-
-    def note_learners(self, learners: list[PeerRecord]) -> None:
-        """Say once when no learner of the run answers any more (none announced, or every one given up on after
-        ``GIVE_UP_FAILURES`` failed exchanges): the sampler waits and keeps its groups; and once when one answers
-        again (the progress line and the status line show the wait meanwhile)."""
-        answering = self.link.outbox.answering(learners)
-        if not answering and not self.waiting:
-            self.waiting = True
-            log.warning("no learner of run %r answers: waiting for one; the %d groups not yet confirmed trained are "
-                        "kept and sent when one does", self.cfg.net.run_id, len(self.link.outbox))
-        elif answering and self.waiting:
-            self.waiting = False
-            log.info("learner %s of run %r answers: the %d groups kept are sent to it",
-                     ", ".join(r.peer_id[-6:] for r in answering), self.cfg.net.run_id, len(self.link.outbox))
+                               trained=counts["acked/trained"], waiting=self.link.waiting, kept=len(self.link.outbox))
 
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
@@ -381,7 +366,7 @@ class Sampler:
                 self.link.settle()
                 last_poll = time.time()
             learners = self.learners
-            self.note_learners(learners)
+            self.link.note_learners(learners)
             full = len(self.link.outbox) >= self.cfg.flow.outbox_limit or self.link.outbox.full(learners, time.time())
             if not learners or full:
                 stop.wait(self.cfg.net.poll_s)

@@ -176,19 +176,19 @@ def test_a_sampler_without_an_answering_learner_says_it_waits_keeps_its_groups_a
     learner = SimpleNamespace(peer_id="Q" * 40 + "abcdef", queue_depth=0, throughput=0.0)
     for i in range(5):
         s.link.outbox.add(SimpleNamespace(group_id=f"S/{i}"), b"x")
-    with caplog.at_level(logging.INFO, logger="p2prl.sampler.loop"):
-        s.note_learners([learner])
-        assert not s.waiting and caplog.records == []
+    with caplog.at_level(logging.INFO, logger="p2prl.sampler.delivery"):
+        s.link.note_learners([learner])
+        assert not s.link.waiting and caplog.records == []
         for _ in range(GIVE_UP_FAILURES):  # its only learner stops answering
             s.link.outbox.failed(learner.peer_id, "asking for acks (TimeoutError)", 0.0)
-        s.note_learners([learner])
-        s.note_learners([])  # its record expired: still the one wait, said once
+        s.link.note_learners([learner])
+        s.link.note_learners([])  # its record expired: still the one wait, said once
         snap = s.snapshot()
         assert snap.waiting and snap.kept == 5
         assert progress_postfix(snap).startswith("waiting for a learner, 5 groups kept; v0 lag 0")
         assert status_line(snap, 0.0).startswith("waiting for a learner of the run (5 groups kept); policy v0")
         s.link.outbox.heard(learner.peer_id, queue=0, free=10)  # it answers again
-        s.note_learners([learner])
+        s.link.note_learners([learner])
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (logging.WARNING, "no learner of run 'p2prl-default' answers: waiting for one; the 5 groups not yet confirmed "
                           "trained are kept and sent when one does"),
