@@ -361,7 +361,8 @@ class Learner:
                 self.epoch += 1
         except Exception as e:
             self.state.count("sync/failed")
-            log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
+            log.log(logging.DEBUG if self.node.stop.is_set() else logging.WARNING,  # cut short by a stop: no failure
+                    "loading the state of learner %s failed: %s", peer[-6:], e)
             return False
         # on disk at once: a checkpoint of the lost history would count its groups as trained. Its log lines go
         # after it: a restart from the older checkpoint needs them (that history's versions and own groups)
