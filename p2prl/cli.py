@@ -445,6 +445,12 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
                 setattr(getattr(cfg, section), field, value)
             except ValidationError as e:
                 raise _usage(f"{section}.{field}={value!r}: {e.errors()[0]['msg']}") from None
+    if cfg.net.initial_peers:  # a multiaddr cut short: said now, not once the DHT, or the model, has started
+        from p2prl.net.reach import check_initial_peers
+
+        errors = check_initial_peers(cfg.net.initial_peers)
+        if errors:
+            raise _usage("\n".join(errors))
     if writes_out_dir:
         writable_dir(cfg.train.out_dir, "train.out_dir")
     if cfg.testing.ack_log:
@@ -476,6 +482,12 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
     from p2prl.ops.bootstrap import serve
 
     usable_file(args.identity_path, "--identity-path", read_only_if_exists=True)
+    if args.initial_peers:
+        from p2prl.net.reach import check_initial_peers
+
+        errors = check_initial_peers(args.initial_peers)
+        if errors:
+            raise _usage("\n".join(errors))
     if args.peers_file:
         usable_file(args.peers_file, "--peers-file")
     if not 0 <= (args.metrics_port or 0) <= 65535:
@@ -493,6 +505,7 @@ def _cmd_bootstrap(args: argparse.Namespace) -> int:
 
 def _cmd_join(args: argparse.Namespace) -> int:
     cfg = _load_config(args, writes_out_dir=args.role == "learner")
+    _check_join_flags(args, cfg)  # before anything starts or loads (hivemind and torch take seconds to import)
     from p2prl.log import setup_logging
 
     from p2prl.net.dht import stop_on_signals
@@ -504,19 +517,6 @@ def _cmd_join(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(cfg.train.threads)
-    if args.role == "sampler" and not (cfg.net.initial_peers or cfg.net.initial_peers_file):
-        raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
-                     "(the multiaddrs that `p2prl bootstrap` prints)")
-    if args.role == "sampler" and args.join:
-        raise _usage("--join is for learners (a sampler always joins the run of --run-id)")
-    if args.role == "learner" and cfg.net.client_mode:
-        raise _usage("a learner must accept connections (samplers send it groups and fetch weights from it), so "
-                     "--client-mode is for samplers only. Run the learner on a machine with a public IP, or open a TCP "
-                     "port in its firewall, forward it on your router to it, and pass --host-maddrs "
-                     "/ip4/0.0.0.0/tcp/31400 --announce-maddrs /ip4/<PUBLIC_IP>/tcp/31400 (that port)")
-    if args.role == "learner" and cfg.trust.authority and not (cfg.net.identity_path and cfg.trust.run_record):
-        raise _usage("with trust.authority set, a learner needs --identity-path FILE (its peer id is what the run "
-                     "authority authorizes: `p2prl run add-learner DIR --identity FILE`) and trust.run_record")
     if args.role == "learner":
         from p2prl.learner.checkpoint import check_disk
         from p2prl.learner.loop import run_learner
@@ -550,6 +550,23 @@ def _cmd_join(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_join_flags(args: argparse.Namespace, cfg) -> None:
+    """What ``p2prl join`` refuses for its flags alone."""
+    if args.role == "sampler" and not (cfg.net.initial_peers or cfg.net.initial_peers_file):
+        raise _usage("a sampler joins through a bootstrap: pass --initial-peers MADDR [MADDR ...] "
+                     "(the multiaddrs that `p2prl bootstrap` prints)")
+    if args.role == "sampler" and args.join:
+        raise _usage("--join is for learners (a sampler always joins the run of --run-id)")
+    if args.role == "learner" and cfg.net.client_mode:
+        raise _usage("a learner must accept connections (samplers send it groups and fetch weights from it), so "
+                     "--client-mode is for samplers only. Run the learner on a machine with a public IP, or open a TCP "
+                     "port in its firewall, forward it on your router to it, and pass --host-maddrs "
+                     "/ip4/0.0.0.0/tcp/31400 --announce-maddrs /ip4/<PUBLIC_IP>/tcp/31400 (that port)")
+    if args.role == "learner" and cfg.trust.authority and not (cfg.net.identity_path and cfg.trust.run_record):
+        raise _usage("with trust.authority set, a learner needs --identity-path FILE (its peer id is what the run "
+                     "authority authorizes: `p2prl run add-learner DIR --identity FILE`) and trust.run_record")
+
+
 def _log_to_file(path: str) -> logging.Handler:
     """Every log line of this peer also goes to ``path`` (appended)."""
     from p2prl.config import usable_file
@@ -561,16 +578,16 @@ def _log_to_file(path: str) -> logging.Handler:
     return handler
 
 
-def _reported_errors() -> tuple[type[Exception], ...]:
-    """The errors ``main`` reports in one line (exit code 2): what the user can fix, no traceback."""
-    from p2prl.config import ConfigError
-    from p2prl.learner.checkpoint import CheckpointError
-    from p2prl.policy.gguf import GGUFError
-    from p2prl.policy.model import PolicyLoadError
-    from p2prl.prom import MetricsError
-    from p2prl.net.dht import BootstrapError
+# the errors ``main`` reports in one line (exit code 2): what the user can fix, no traceback; by module and name
+REPORTED_ERRORS = (("p2prl.config", "ConfigError"), ("p2prl.learner.checkpoint", "CheckpointError"),
+                   ("p2prl.policy.model", "PolicyLoadError"), ("p2prl.policy.gguf", "GGUFError"),
+                   ("p2prl.net.dht", "BootstrapError"), ("p2prl.prom", "MetricsError"))
 
-    return ConfigError, CheckpointError, PolicyLoadError, GGUFError, BootstrapError, MetricsError
+
+def _reported_errors() -> tuple[type[Exception], ...]:
+    """The classes of ``REPORTED_ERRORS`` whose modules are loaded: an error of a module not loaded cannot have been
+    raised, and loading one (torch, hivemind) only to compare would cost seconds before a typo is reported."""
+    return tuple(getattr(sys.modules[m], name) for m, name in REPORTED_ERRORS if m in sys.modules)
 
 
 def _log_error(handler: logging.Handler, e: Exception) -> None:
@@ -689,13 +706,14 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "experiment":
         return _cmd_experiment(args)
-    reported = _reported_errors()
     try:
         commands = {"train": _cmd_train, "bootstrap": _cmd_bootstrap, "join": _cmd_join, "status": _cmd_status,
                     "monitor": _cmd_monitor, "swarm": _cmd_swarm, "config": _cmd_config, "run": _cmd_run,
                     "model": _cmd_model}
         return commands[args.command](args)
-    except reported as e:
+    except Exception as e:
+        if not isinstance(e, _reported_errors()):
+            raise
         print(f"p2prl {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -34,18 +35,33 @@ class NullSink:
 
 
 class JsonlSink:
-    """Appends one JSON object per call: ``{"step": .., "time": .., **metrics}``."""
+    """Appends one JSON object per call: ``{"step": .., "time": .., **metrics}``. ``error``: what a failed write (a
+    full disk) raises instead of its ``OSError`` (e.g. one line naming the path and the free space); after one,
+    ``close`` raises nothing more."""
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(self, path: str | Path, error: Callable[[OSError], Exception] | None = None):
+        self.path, self.error, self.failed = Path(path), error, False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = self.path.open("a", buffering=1)
 
     def log(self, step: int, metrics: dict) -> None:
-        self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        try:
+            self._f.write(json.dumps({"step": step, "time": time.time(), **metrics}) + "\n")
+        except OSError as e:
+            self.failed = True
+            if self.error is None:
+                raise
+            raise self.error(e) from e
 
     def close(self) -> None:
-        self._f.close()
+        try:
+            self._f.close()
+        except OSError as e:  # the line a failed write left in the buffer: said already
+            if not self.failed:
+                self.failed = True
+                if self.error is None:
+                    raise
+                raise self.error(e) from e
 
 
 def lag_by_sampler(train_log: list[dict]) -> dict[str, dict[int, int]]:
@@ -141,10 +157,15 @@ def format_summary(summary: dict, what: str) -> str:
     """A few lines for a person about a training run (a learner's, ``p2prl train``'s): accuracy, versions, wall time,
     groups, where the outputs are (a sampler's: ``p2prl.sampler.report.format_summary``)."""
     ran = "already complete" if summary.get("complete_before") else f"in {_duration(summary['wall_s'])}"
+    if summary.get("resumed_from") is not None and not summary.get("complete_before"):  # a restart: not the run's time
+        ran += f" (this session, resumed at version {summary['resumed_from']})"
     ended = "finished" if summary["version"] >= summary["steps"] else "stopped"
     lines = [f"{what} {ended} at version {summary['version']} of {summary['steps']} {ran}",
              f"  held-out accuracy {summary['base_acc']:.3f} -> {summary['final_acc']:.3f} "
              f"(best {summary['best_acc']:.3f})"]
+    if summary.get("lost_at_restart"):
+        lines.append(f"  {summary['lost_at_restart']} version(s) past its last checkpoint were lost at the restart "
+                     "(train.checkpoint_every bounds this)")
     g = summary["groups"]
     lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
     names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}

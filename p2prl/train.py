@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from p2prl.rollout.admission import AdmissionBuffer
-from p2prl.learner.checkpoint import check_disk, load_checkpoint_policy, save_checkpoint
+from p2prl.learner.checkpoint import check_disk, disk_error, load_checkpoint_policy, save_checkpoint
 from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.learner.evaluate import heldout_accuracy
@@ -48,49 +48,50 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
     cursor = state.get("cursor", 0)
     delay = SyncDelay(cfg.staleness, seed=t.seed + learner.version)
     next_sync = learner.version
-    sink = JsonlSink(out / "metrics.jsonl")
+    sink = JsonlSink(out / "metrics.jsonl", lambda e: disk_error(out, e, "metrics.jsonl"))  # a full disk: one line
     base_acc = _base_accuracy(cfg, learner, task, state, sink)
     acc, best = state.get("last_acc", base_acc), state.get("best_acc", base_acc)
     trained = state.get("groups_trained", 0)
     complete_before = learner.version >= t.steps
     started = time.time()
     bar = progress_bar(total=t.steps, initial=learner.version, disable=not progress, desc="train")
-    while learner.version < t.steps:
-        # sampler half: reload weights only when the simulated sync delay has passed
-        if learner.version >= next_sync:
-            next_sync = _sync(sampler, learner, delay)
-        groups = sampler.rollout(list(range(cursor, cursor + t.groups_per_step)))
-        cursor += t.groups_per_step
+    try:  # a failed write (a full disk) too: the bar ends its line before the error's
+        while learner.version < t.steps:
+            # sampler half: reload weights only when the simulated sync delay has passed
+            if learner.version >= next_sync:
+                next_sync = _sync(sampler, learner, delay)
+            groups = sampler.rollout(list(range(cursor, cursor + t.groups_per_step)))
+            cursor += t.groups_per_step
 
-        # learner half: the same boundary a remote record crosses
-        _admit(groups, verifier, buffer, learner.version)
-        batch = buffer.select(t.groups_per_step, learner.version)
-        if batch is None:
-            continue
-        m = learner.step(batch)
-        trained += len(batch)
-        v = learner.version
-        if v % t.eval_every == 0 or v == t.steps:
-            acc = _heldout_accuracy(cfg, learner, task)
-            best = max(best, acc)
-            m["eval/heldout_acc"] = acc
-        m.update({f"admission/{k}": c for k, c in buffer.counts.items()})
-        m["policy/sampler_version"] = sampler.version
-        sink.log(v, m)
-        bar.update(1)
-        bar.set_postfix_str(progress_line(m, acc, learner.objective))
-        if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
-            save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
-                "version": v, "cursor": cursor, "groups_made": sampler.groups_made,
-                "base_acc": base_acc, "last_acc": acc, "best_acc": best, "groups_trained": trained,
-            })
-    bar.close()
-    sink.close()
-    summary = {
-        "version": learner.version, "steps": t.steps, "complete_before": complete_before, "base_acc": base_acc,
-        "final_acc": acc, "best_acc": best, "wall_s": time.time() - started,
-        "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts),
-    }
+            # learner half: the same boundary a remote record crosses
+            _admit(groups, verifier, buffer, learner.version)
+            batch = buffer.select(t.groups_per_step, learner.version)
+            if batch is None:
+                continue
+            m = learner.step(batch)
+            trained += len(batch)
+            v = learner.version
+            if v % t.eval_every == 0 or v == t.steps:
+                acc = _heldout_accuracy(cfg, learner, task)
+                best = max(best, acc)
+                m["eval/heldout_acc"] = acc
+            m.update({f"admission/{k}": c for k, c in buffer.counts.items()})
+            m["policy/sampler_version"] = sampler.version
+            sink.log(v, m)
+            bar.update(1)
+            bar.set_postfix_str(progress_line(m, acc, learner.objective))
+            if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
+                save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
+                    "version": v, "cursor": cursor, "groups_made": sampler.groups_made,
+                    "base_acc": base_acc, "last_acc": acc, "best_acc": best, "groups_trained": trained,
+                })
+    finally:
+        bar.close()
+        sink.close()
+    summary = {"version": learner.version, "steps": t.steps, "complete_before": complete_before, "base_acc": base_acc,
+               "final_acc": acc, "best_acc": best, "wall_s": time.time() - started,
+               "resumed_from": state.get("version"),
+               "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts)}
     return finish_run(out, summary, {"metrics": out / "metrics.jsonl", "checkpoint": out / "checkpoint"})
 
 

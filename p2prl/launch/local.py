@@ -105,6 +105,9 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         shutil.rmtree(out, ignore_errors=True)
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
+    from p2prl.learner.checkpoint import check_disk
+
+    check_disk(cfg, out / "learner", learners=n_learners)  # no room for their checkpoints: said before any peer starts
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.net.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
         overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + n_learners))}"]

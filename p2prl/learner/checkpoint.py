@@ -91,10 +91,11 @@ def _tree_bytes(path: Path) -> int:
     return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else 0
 
 
-def check_disk(cfg: Config, out_dir: str | Path | None = None) -> None:
+def check_disk(cfg: Config, out_dir: str | Path | None = None, learners: int = 1) -> None:
     """Refuse to start (``CheckpointError``, one line: the path, the free space, the space needed) when ``out_dir``
-    (default ``train.out_dir``) lacks room for ``CHECKPOINT_ROOM`` checkpoints; what a checkpoint already there
-    (and a partial one that the start removes) takes counts as room."""
+    (default ``train.out_dir``) lacks room for ``CHECKPOINT_ROOM`` checkpoints of each of ``learners`` learners
+    (`p2prl swarm up`: theirs share a disk); what a checkpoint already there (and a partial one that the start
+    removes) takes counts as room."""
     if not cfg.train.check_disk:
         return
     out = Path(out_dir if out_dir is not None else cfg.train.out_dir).expanduser().absolute()
@@ -104,13 +105,14 @@ def check_disk(cfg: Config, out_dir: str | Path | None = None) -> None:
         return
     final = out / "checkpoint"
     reclaimed = sum(_tree_bytes(final.with_name(n)) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
-    needed = max(0, math.ceil(CHECKPOINT_ROOM * size) - reclaimed) + HEADROOM_BYTES
+    needed = max(0, math.ceil(CHECKPOINT_ROOM * size * learners) - reclaimed) + HEADROOM_BYTES
     free = free_bytes(out)
     if free is not None and free < needed:  # None: nothing to measure, the write itself will say
+        each = f" for its {learners} learners" if learners > 1 else ""
         raise CheckpointError(
             f"train.out_dir={str(out)!r} has {format_bytes(free)} free, and a run of this model needs about "
-            f"{format_bytes(needed)} there (checkpoints of about {format_bytes(size)}: the last good one and the next "
-            "written beside it, and its logs); free some space or point train.out_dir at a disk with room")
+            f"{format_bytes(needed)} there{each} (checkpoints of about {format_bytes(size)}: the last good one and "
+            "the next written beside it, and its logs); free some space or point train.out_dir at a disk with room")
 
 
 def save_checkpoint(out_dir: str | Path, policy, optimizer, scheduler, cfg: Config, state: dict) -> Path:

@@ -79,6 +79,20 @@ def truncate_log(path: Path, version: int, published: dict[int, str] | None = No
     return lines
 
 
+def lost_at_restart(path: Path, version: int, cfg: Config) -> int:
+    """Versions this learner reached past ``version``, the checkpoint it restarts from, as its training log at ``path``
+    says (its lines past it are about to be forgotten): said in a warning, with what bounds the loss."""
+    newest = max((line["version"] for line in read_jsonl(path)), default=version)
+    lost = max(0, newest - version)
+    if lost:
+        every = cfg.train.checkpoint_every
+        log.warning("restarting from the checkpoint at v%d: the %d version(s) this learner reached after it (to v%d) "
+                    "are lost here (train.checkpoint_every = %s bounds the loss: a checkpoint every %d version(s)); "
+                    "its own groups of them are trained again, and a learner of the run that is ahead is caught up "
+                    "with", version, lost, newest, every if every is not None else "unset", every or 1)
+    return lost
+
+
 class Learner:
     def __init__(self, cfg: Config, node: SwarmNode, resumed: tuple[LearnerCore, dict] | None = None,
                  task: Task | None = None):
@@ -99,6 +113,9 @@ class Learner:
         self.own = OwnGroupFiles(self.out / "own_groups", limits)
         ledger = GroupLedger(cfg.staleness.max_staleness, keep, self.own, rule=cfg.staleness.rule)
         published = {int(u): sha for u, sha in saved.get("published", {}).items()}
+        # a restart: the version it resumed at, and the versions since that checkpoint it lost (the summary says both)
+        self.resumed = (self.core.version, lost_at_restart(self.out / "train_log.jsonl", self.core.version, cfg)) \
+            if saved else None
         ledger.restore(saved, self.core.version,
                        truncate_log(self.out / "train_log.jsonl", self.core.version, published), time.time())
         self.state = LearnerState(ledger)
@@ -184,7 +201,7 @@ class Learner:
         self.complete_before = self.core.version >= t.steps
         log.info("learner %s serving run %r at version %d; peers can join via %s",
                  self.node.short_id, cfg.net.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
-        self.sink = JsonlSink(self.out / "metrics.jsonl")
+        self.sink = JsonlSink(self.out / "metrics.jsonl", lambda e: disk_error(self.out, e, "metrics.jsonl"))
         self.bar = progress_bar(total=t.steps, initial=self.core.version, disable=not progress, desc="learner")
         self.last_check = self.started = self.version_since = time.time()
         self.membership.start_heartbeats()
@@ -291,6 +308,7 @@ class Learner:
         summary = report.summary(self.counters(), read_jsonl(self.out / "train_log.jsonl"), {
             "steps": self.cfg.train.steps, "complete_before": self.complete_before, "base_acc": self.base_acc,
             "final_acc": self.acc, "best_acc": self.best, "wall_s": time.time() - self.started,
+            "resumed_from": self.resumed and self.resumed[0], "lost_at_restart": self.resumed and self.resumed[1],
             "retrain_backlog": backlog, "spot_checks": self.spot.summary()})
         return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl",
                                               "checkpoint": self.out / "checkpoint",
@@ -343,7 +361,8 @@ class Learner:
                 self.epoch += 1
         except Exception as e:
             self.state.count("sync/failed")
-            log.warning("loading the state of learner %s failed: %s", peer[-6:], e)
+            log.log(logging.DEBUG if self.node.stop.is_set() else logging.WARNING,  # cut short by a stop: no failure
+                    "loading the state of learner %s failed: %s", peer[-6:], e)
             return False
         # on disk at once: a checkpoint of the lost history would count its groups as trained. Its log lines go
         # after it: a restart from the older checkpoint needs them (that history's versions and own groups)

@@ -62,8 +62,10 @@ class Membership:
         while not self._stop.wait(self.heartbeat_s):
             try:
                 self.heartbeat()
-            except Exception as e:  # never let the heartbeat thread die
-                log.warning("heartbeat failed: %s", e)
+            except Exception as e:  # never let the heartbeat thread die; one cut short by a stop is no failure
+                stop = getattr(self.node, "stop", None)
+                stopping = isinstance(e, ConnectionAbortedError) or (stop is not None and stop.is_set())
+                log.log(logging.DEBUG if stopping else logging.WARNING, "heartbeat failed: %s", e)
 
     def heartbeat(self) -> None:
         """Announce ourselves; find the run's other learners (DHT, then each one asked directly)."""

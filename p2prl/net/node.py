@@ -368,7 +368,7 @@ class SwarmNode(Streams):
             raise TrustError(f"net.identity_path {cfg.identity_path!r} is not this node's identity")
         self.trust = trust or Trust("", cfg.run_id)  # open unless given
         self.limits, self.reputation = limits, reputation
-        self.records = Records(cfg, transport, self.trust, self._wait)  # the run's records in the DHT
+        self.records = Records(cfg, transport, self.trust, self._wait, self.stop.is_set)  # the run's records in the DHT
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()

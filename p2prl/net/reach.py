@@ -24,14 +24,17 @@ starts; ``diagnose`` tells, after a failed join, what each initial peer's addres
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import ipaddress
 import logging
 import random
 import re
 import socket
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Awaitable, Callable
 
 import msgpack
@@ -198,12 +201,35 @@ def announce_plan(host_maddrs: list[str], initial_peers: list[str]) -> tuple[lis
 
 
 # ---- initial peers: parsing, and what went wrong when none answered -----------------------------------
+def _multiaddr_class():
+    """hivemind's multiaddr parser (``hivemind.utils.multiaddr``, a self-contained copy of py-multiaddr), loaded
+    without importing hivemind, whose package imports torch: a command checks its initial peers in milliseconds,
+    before anything starts."""
+    loaded = sys.modules.get("hivemind.utils.multiaddr") or sys.modules.get(_MULTIADDR)
+    if loaded is None:
+        root = Path(importlib.util.find_spec("hivemind").submodule_search_locations[0]) / "utils" / "multiaddr"
+        spec = importlib.util.spec_from_file_location(_MULTIADDR, root / "__init__.py",
+                                                      submodule_search_locations=[str(root)])
+        loaded = importlib.util.module_from_spec(spec)
+        sys.modules[_MULTIADDR] = loaded
+        try:
+            spec.loader.exec_module(loaded)
+        except BaseException:
+            del sys.modules[_MULTIADDR]
+            raise
+    return loaded.Multiaddr
+
+
+_MULTIADDR = "p2prl_hivemind_multiaddr"  # the name ``_multiaddr_class`` loads hivemind's parser under
+
+
 def check_initial_peers(initial_peers: list[str]) -> list[str]:
     """Error lines for initial peers that are not a complete, valid multiaddr with a valid peer id (checked with
-    hivemind's parsers, as p2pd would reject them only once started, in its own words)."""
-    from hivemind.p2p import PeerID
-    from hivemind.utils.multiaddr import Multiaddr
+    hivemind's parsers, as p2pd would reject them only once started, in its own words). Nothing is started and
+    neither hivemind nor torch is imported: the CLI checks its flags with it before anything else."""
+    import base58
 
+    Multiaddr = _multiaddr_class()
     errors = []
     for maddr in initial_peers:
         if "/p2p/" not in maddr:
@@ -212,7 +238,7 @@ def check_initial_peers(initial_peers: list[str]) -> list[str]:
             continue
         try:
             m = Multiaddr(maddr)
-            PeerID.from_base58(m.value_for_protocol("p2p"))
+            base58.b58decode(m.value_for_protocol("p2p"))  # hivemind's PeerID.from_base58
         except Exception as e:  # multiaddr's StringParseError and friends, ValueError
             m = re.search(r"protocol (\S+): (.*)", str(e))
             what, why = ("peer id", m.group(2)) if m and m.group(1) == "p2p" else (

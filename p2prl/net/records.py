@@ -6,7 +6,7 @@ only the peer's key can write: ``owned.py``), with an expiration of ``ttl`` (thr
 policy records and their holders, run configs and the run record. What is read is checked: records that do not
 parse, do not match their peer or run, or (authority runs) are not signed by an authorized learner are left out
 and counted. A failed store or look-up is logged and
-counted (``dht_errors``), never raised.
+counted (``dht_errors``), never raised; one given up because the node is stopping is neither.
 """
 
 from __future__ import annotations
@@ -57,8 +57,10 @@ class Records:
     future's result within a timeout, given up once the node stops."""
 
     def __init__(self, cfg: NetConfig, transport: Transport, trust: Trust,
-                 wait: Callable[[concurrent.futures.Future, float], object]):
-        self.cfg, self.transport, self.trust, self._wait = cfg, transport, trust, wait
+                 wait: Callable[[concurrent.futures.Future, float], object],
+                 stopping: Callable[[], bool] = lambda: False):
+        """``stopping``: whether the node is stopping (its DHT calls then fail as they are given up: no failure)."""
+        self.cfg, self.transport, self.trust, self._wait, self._stopping = cfg, transport, trust, wait, stopping
         self.metrics_addr = ""  # HOST:PORT of this peer's metrics endpoint, put in every peer record announced
         self.dht_errors = 0
         self._publish_lock = threading.Lock()
@@ -73,8 +75,7 @@ class Records:
         try:
             return self.transport.store(dht_key, value, ttl)
         except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
+            self._failed("store", dht_key, e)
             return None
 
     def _settle(self, dht_key: str, fut) -> bool:
@@ -84,8 +85,7 @@ class Records:
         try:
             return bool(self._wait(fut, self.cfg.rpc_timeout_s))
         except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT store of %s failed: %s", dht_key, type(e).__name__)
+            self._failed("store", dht_key, e)
             return False
 
     def _store(self, dht_key: str, value: bytes, ttl: float) -> bool:
@@ -100,10 +100,18 @@ class Records:
         try:
             found = self._wait(self.transport.get(dht_key, self._count_unowned), self.cfg.rpc_timeout_s)
         except Exception as e:
-            self.dht_errors += 1
-            log.warning("DHT get of %s failed: %s", dht_key, type(e).__name__)
+            self._failed("get", dht_key, e)
             return {}
         return found or {}
+
+    def _failed(self, what: str, dht_key: str, e: Exception) -> None:
+        """A store or look-up that failed: counted and logged; one given up because the node is stopping
+        (``ConnectionAbortedError``: Ctrl-C, even in a peer's first seconds) is no failure, and a DEBUG line."""
+        if isinstance(e, ConnectionAbortedError) or self._stopping():
+            log.debug("DHT %s of %s given up: the node is stopping", what, dht_key)
+            return
+        self.dht_errors += 1
+        log.warning("DHT %s of %s failed: %s", what, dht_key, type(e).__name__)
 
     def _count_unowned(self, n: int) -> None:
         self.trust.counts["untrusted/unowned_record"] += n

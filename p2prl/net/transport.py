@@ -190,10 +190,13 @@ class HivemindTransport:
     def join(cls, net: NetConfig, stop: threading.Event | None = None, **changes) -> HivemindTransport:
         """A DHT started from the run's ``net`` config (``changes``: to its arguments, e.g. ``client_mode=True``),
         with the identity at ``net.identity_path`` (a fresh one without). A bootstrap started together with this
-        peer (``net.initial_peers_file``) is waited for until it wrote the file, or ``stop`` is set."""
+        peer (``net.initial_peers_file``) is waited for until it wrote the file, or ``stop`` is set. Once ``stop`` is
+        set (Ctrl-C while the model loaded) no DHT starts: ``InterruptedError``."""
         peers = list(net.initial_peers)
         if net.initial_peers_file:
             peers += wait_for_peers_file(net.initial_peers_file, net.bootstrap_timeout_s, stop or threading.Event())
+        if stop is not None and stop.is_set():  # starting a DHT only to stop it costs seconds, and prints errors
+            raise InterruptedError("stopped before joining the swarm")
         args = dict(host_maddrs=list(net.host_maddrs), announce_maddrs=list(net.announce_maddrs),
                     loopback=net.loopback, client_mode=net.client_mode, closed_network=net.closed_network,
                     rpc_timeout_s=net.dht_rpc_timeout_s)

@@ -6,6 +6,7 @@ learner's newest policy record and, in an authority run, the run record it holds
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import threading
 import time
 from concurrent.futures import Future
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from p2prl.trust.authority import RunRecord
     from p2prl.net.dht import PeerRecord, PolicyRecord
     from p2prl.net.transport import Delivery
+
+log = logging.getLogger(__name__)
 
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 ACK_CHUNK = 1024  # group ids asked about in one ``acks`` request
@@ -63,6 +66,21 @@ class LearnerLink:
         self.acking: list[Asking] = []
         self.rtts: dict[str, float] = {}  # the outbox's round-trip times, as last published for other threads
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
+        self.waiting = False  # no learner of the run answers (``note_learners``)
+
+    def note_learners(self, learners: list[PeerRecord]) -> None:
+        """Say once when no learner of the run answers any more (none announced, or every one given up on after
+        ``GIVE_UP_FAILURES`` failed exchanges): the sampler waits and keeps its groups; and once when one answers
+        again (the progress line and the status line show the wait meanwhile)."""
+        answering = self.outbox.answering(learners)
+        if not answering and not self.waiting:
+            self.waiting = True
+            log.warning("no learner of run %r answers: waiting for one; the %d groups not yet confirmed trained are "
+                        "kept and sent when one does", self.cfg.net.run_id, len(self.outbox))
+        elif answering and self.waiting:
+            self.waiting = False
+            log.info("learner %s of run %r answers: the %d groups kept are sent to it",
+                     ", ".join(r.peer_id[-6:] for r in answering), self.cfg.net.run_id, len(self.outbox))
 
     def flush(self) -> None:
         """Send the groups waiting for a learner, in batches that fit each learner's window; no waiting for replies."""
@@ -104,7 +122,8 @@ class LearnerLink:
             try:
                 states = self.acks_reply(a.learner, a.reply.result())
             except Exception as e:
-                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time())
+                others = any(r.peer_id != a.learner for r in self.learners())
+                self.outbox.acks_failed(a.learner, f"asking for acks ({type(e).__name__})", time.time(), others)
                 continue
             for gid in self.outbox.states(a.learner, a.ids, states):
                 if self.ack_log:

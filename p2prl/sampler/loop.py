@@ -307,7 +307,7 @@ class Sampler:
         counts = self.link.outbox.counts
         return SamplerSnapshot(version=self.core.version, newest=max(self.newest, self.core.version),
                                made=self.core.groups_made, accepted=counts["send/accepted"],
-                               trained=counts["acked/trained"])
+                               trained=counts["acked/trained"], waiting=self.link.waiting, kept=len(self.link.outbox))
 
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
@@ -376,6 +376,7 @@ class Sampler:
                 self.link.settle()
                 last_poll = time.time()
             learners = self.learners
+            self.link.note_learners(learners)
             full = len(self.link.outbox) >= self.cfg.flow.outbox_limit or self.link.outbox.full(learners, time.time())
             if not learners or full:
                 stop.wait(self.cfg.net.poll_s)

@@ -225,12 +225,13 @@ class Outbox:
         if free is not None:
             self.free[learner] = free
 
-    def acks_failed(self, learner: str, what: str, now: float) -> None:
+    def acks_failed(self, learner: str, what: str, now: float, others: bool = True) -> None:
         """An ``acks`` request failed: its learner holds the groups and did not answer, so they stay with it (sent
-        to another learner now, they could be trained twice); a learner failing again and again loses them."""
+        to another learner now, they could be trained twice); a learner failing again and again loses them.
+        ``others``: whether the run has another learner to send them to."""
         self.failed(learner, what, now)
         if self.failures[learner][0] >= GIVE_UP_FAILURES:
-            self.give_up(learner)
+            self.give_up(learner, others)
 
     def states(self, learner: str, ids: list[str], states: dict) -> list[str]:
         """The states ``learner`` reports for ``ids``: groups trained, dropped or rejected leave, those it does not
@@ -260,12 +261,21 @@ class Outbox:
         # the first failure of a run of them at INFO; ``give_up`` warns when the run grows long
         log.log(logging.INFO if n == 1 else logging.DEBUG, "%s with learner %s failed; backing off", what, learner[-6:])
 
-    def give_up(self, learner: str) -> None:
-        """``learner`` failed ``GIVE_UP_FAILURES`` exchanges in a row: the groups it holds go to other learners."""
+    def give_up(self, learner: str, others: bool = True) -> None:
+        """``learner`` failed ``GIVE_UP_FAILURES`` exchanges in a row: the groups it holds go to other learners, or,
+        with none (``others``), stay here for the first learner that answers (it, back, or a new one)."""
         lost = [p for p in self.groups.values() if p.learner == learner and not p.sending]
         for p in lost:
             p.learner = None
         self.counts["send/resend"] += len(lost)
-        if lost:
+        if lost and others:
             log.warning("learner %s failed %d exchanges in a row: %d groups it held are sent to other learners",
                         learner[-6:], GIVE_UP_FAILURES, len(lost))
+        elif lost:
+            log.warning("learner %s failed %d exchanges in a row and the run has no other learner: the %d groups it "
+                        "held are kept here, and sent to the first learner that answers", learner[-6:],
+                        GIVE_UP_FAILURES, len(lost))
+
+    def answering(self, learners: list[PeerRecord]) -> list[PeerRecord]:
+        """The learners not given up on (fewer than ``GIVE_UP_FAILURES`` failed exchanges in a row)."""
+        return [r for r in learners if self.failures.get(r.peer_id, (0, 0.0))[0] < GIVE_UP_FAILURES]

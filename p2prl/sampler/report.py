@@ -25,6 +25,8 @@ class SamplerSnapshot:
     made: int  # groups generated
     accepted: int  # groups learners accepted into their queues
     trained: int  # groups learners confirmed trained
+    waiting: bool = False  # no learner of the run answers: the sampler waits for one
+    kept: int = 0  # groups in the outbox (kept while it waits)
 
     @property
     def lag(self) -> int:
@@ -34,12 +36,14 @@ class SamplerSnapshot:
 
 def progress_postfix(s: SamplerSnapshot) -> str:
     """What the progress bar shows after its count and rate of groups made."""
-    return f"v{s.version} lag {s.lag}, {s.accepted} accepted, {s.trained} confirmed trained"
+    wait = f"waiting for a learner, {s.kept} groups kept; " if s.waiting else ""
+    return f"{wait}v{s.version} lag {s.lag}, {s.accepted} accepted, {s.trained} confirmed trained"
 
 
 def status_line(s: SamplerSnapshot, rate: float) -> str:
     """The log's once-a-minute line where there is no progress bar; ``rate``: groups made per second lately."""
-    return (f"policy v{s.version} (lag {s.lag}): {s.made} groups made, {s.accepted} accepted, "
+    wait = f"waiting for a learner of the run ({s.kept} groups kept); " if s.waiting else ""
+    return (f"{wait}policy v{s.version} (lag {s.lag}): {s.made} groups made, {s.accepted} accepted, "
             f"{s.trained} confirmed trained, {rate:.2f} groups/s")
 
 

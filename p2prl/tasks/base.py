@@ -40,6 +40,8 @@ class Task(ABC):
     # ``score`` gives every machine the same reward, whatever its load (no time-out scores 0): a sampler whose claimed
     # reward differs cannot be honest
     deterministic_rewards: bool = True
+    # written for a chat model: raw prompts (no chat template under task.chat_template='auto') are warned of, not noted
+    expects_chat: bool = False
 
     @abstractmethod
     def problem(self, prompt_id: int) -> Problem:
@@ -73,10 +75,23 @@ def uses_chat_template(task: Task, tokenizer) -> bool:
         said = (task.name, str(getattr(tokenizer, "name_or_path", "") or ""))
         if said not in _RAW_SAID:
             _RAW_SAID.add(said)
-            log.info("task %r: the model's tokenizer%s has no chat template, so prompts are raw text "
-                     "(task.chat_template='auto'); set task.chat_template='never' to say so, or 'always' to require "
-                     "a chat model", task.name, f" ({said[1]})" if said[1] else "")
+            _say_raw(task, said[1])
     return task.chat == "always" or (task.chat == "auto" and has)
+
+
+def _say_raw(task: Task, model: str) -> None:
+    """The line that says prompts are raw text (task.chat_template='auto', no template): a warning for a task written
+    for a chat model, which then rarely answers in a form its reward reads."""
+    where = f" ({model})" if model else ""
+    if task.expects_chat:
+        log.warning("task %r: the model's tokenizer%s has no chat template, so prompts are raw text "
+                    "(task.chat_template='auto'), and a model answers raw questions in a form the reward rarely reads "
+                    "(held-out accuracy may stay at 0): use a model folder with a chat template, or set "
+                    "task.chat_template='never' to train on raw prompts on purpose", task.name, where)
+    else:
+        log.info("task %r: the model's tokenizer%s has no chat template, so prompts are raw text "
+                 "(task.chat_template='auto'); set task.chat_template='never' to say so, or 'always' to require "
+                 "a chat model", task.name, where)
 
 
 def render_prompt(tokenizer, task: Task, problem: Problem) -> list[int]:

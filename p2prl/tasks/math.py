@@ -51,6 +51,7 @@ class MathTask(Task):
     """Question/answer rows from a local file; math-verify decides whether a completion is right."""
 
     deterministic_rewards = False  # a check that runs past reward_timeout_s scores 0 on a slow machine only
+    expects_chat = True  # questions a model answers in the reward's form when asked in its chat format
 
     name = "math"
 

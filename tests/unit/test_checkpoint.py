@@ -147,3 +147,51 @@ def test_p2prl_train_refuses_to_start_on_a_full_disk(tmp_path, monkeypatch, caps
     err = capsys.readouterr().err.strip()
     assert err.startswith("p2prl train: error: train.out_dir=") and "1.0 MB free" in err and "\n" not in err, err
     assert not (tmp_path / "metrics.jsonl").exists() and not (tmp_path / "checkpoint").exists()
+
+
+class FullDisk:
+    """A file whose writes fail as on a disk that filled: the first ``room`` lines fit."""
+
+    def __init__(self, room: int):
+        self.room = room
+
+    def write(self, text: str) -> int:
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= 1
+        return len(text)
+
+    def close(self) -> None:  # a buffered file flushes the line that did not fit again, and fails again
+        if self.room <= 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_p2prl_train_on_a_disk_that_fills_mid_run_stops_with_one_line(tmp_path, monkeypatch, capsys):
+    from p2prl import metrics
+    from p2prl.cli import main
+
+    made = metrics.JsonlSink.__init__
+
+    def on_full_disk(self, path, error=None):
+        made(self, path, error)
+        self._f.close()
+        self._f = FullDisk(room=1)  # the base policy's accuracy fits, the first step's metrics do not
+
+    monkeypatch.setattr(metrics.JsonlSink, "__init__", on_full_disk)
+    assert main(["train", f"train.out_dir={tmp_path}", "train.steps=3", "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    said = f"p2prl train: error: could not write metrics.jsonl to {tmp_path}: No space left on device ("
+    assert err.startswith(said), err
+    assert " free there); free some space" in err and "\n" not in err and "Traceback" not in err, err
+
+
+def test_a_failed_metrics_write_raises_what_its_sink_was_told_and_close_adds_nothing(tmp_path):
+    from p2prl.learner.checkpoint import disk_error
+    from p2prl.metrics import JsonlSink
+
+    sink = JsonlSink(tmp_path / "metrics.jsonl", lambda e: disk_error(tmp_path, e, "metrics.jsonl"))
+    sink._f.close()
+    sink._f = FullDisk(room=0)
+    with pytest.raises(CheckpointError, match="could not write metrics.jsonl to .*No space left on device"):
+        sink.log(1, {"x": 1.0})
+    sink.close()  # the failure was said once

@@ -97,3 +97,66 @@ def test_an_orderly_stop_is_waited_for(monkeypatch, hivemind_lines):
     d = FakeDHT(stops_in=0.2)
     dht_mod.shutdown_dht(d, grace_s=5)
     assert not d.killed and not d.is_alive() and not hivemind_lines
+
+
+class SilentDHT:
+    """A transport whose stores and look-ups never answer (the node's ``wait`` decides what they give)."""
+
+    def alive(self):
+        return True
+
+    def store(self, dht_key, value, ttl):
+        import concurrent.futures
+
+        return concurrent.futures.Future()
+
+    def get(self, dht_key, on_unowned):
+        import concurrent.futures
+
+        return concurrent.futures.Future()
+
+
+def _records(wait, stopping=lambda: False):
+    from p2prl.config import NetConfig
+    from p2prl.net.dht import new_record
+    from p2prl.net.records import Records
+    from p2prl.trust.authority import Trust
+
+    r = Records(NetConfig(run_id="r"), SilentDHT(), Trust("", "r"), wait, stopping)
+    return r, new_record("sampler", "r", "QmPeer", policy_version=0, throughput=0.0, queue_depth=0)
+
+
+def _stopping_wait(fut, timeout):
+    raise ConnectionAbortedError("stopping")
+
+
+def test_dht_calls_given_up_by_a_stop_are_no_failure_and_no_warning(caplog):
+    """Ctrl-C in a peer's first seconds: its stores and look-ups are given up (ConnectionAbortedError), and nothing
+    says they failed."""
+    r, rec = _records(_stopping_wait)
+    with caplog.at_level(logging.DEBUG, logger="p2prl.net.records"):
+        assert r.announce(rec) is False
+        assert r.peers() == [] and r.latest_policy() is None
+    assert r.dht_errors == 0
+    assert not [x for x in caplog.records if x.levelno >= logging.WARNING]
+    assert any("given up: the node is stopping" in x.getMessage() for x in caplog.records)
+
+
+def test_any_dht_error_while_the_node_stops_is_quiet_but_a_real_failure_warns(caplog):
+    def broken(fut, timeout):
+        raise BrokenPipeError("the DHT process is gone")
+
+    r, rec = _records(broken, stopping=lambda: True)
+    with caplog.at_level(logging.DEBUG, logger="p2prl.net.records"):
+        r.announce(rec)
+    assert r.dht_errors == 0 and not [x for x in caplog.records if x.levelno >= logging.WARNING]
+    caplog.clear()
+
+    def slow(fut, timeout):
+        raise TimeoutError("no answer within 10 s")
+
+    r, rec = _records(slow)
+    with caplog.at_level(logging.DEBUG, logger="p2prl.net.records"):
+        r.announce(rec)
+    assert r.dht_errors == 2  # the run announcement and the peer record
+    assert [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING][0].startswith("DHT store of ")

@@ -150,3 +150,33 @@ def test_end_of_run_summary_for_a_person():
 
 
 
+
+
+def test_a_restarted_runs_summary_says_its_time_is_this_sessions_and_what_the_restart_lost():
+    from p2prl.metrics import format_summary
+
+    s = {"version": 60, "steps": 120, "base_acc": 0.2, "final_acc": 0.5, "best_acc": 0.5, "wall_s": 55.0,
+         "groups": {"trained": 10, "dropped": 0, "rejected": 0}, "resumed_from": 40, "lost_at_restart": 10}
+    lines = format_summary(s, "learner").splitlines()
+    assert lines[0] == "learner stopped at version 60 of 120 in 55s (this session, resumed at version 40)"
+    assert "  10 version(s) past its last checkpoint were lost at the restart (train.checkpoint_every bounds this)" \
+        in lines
+    fresh = format_summary({**s, "resumed_from": None, "lost_at_restart": None}, "learner")
+    assert "this session" not in fresh and "lost at the restart" not in fresh
+
+
+def test_a_learner_restarting_from_an_older_checkpoint_says_how_many_versions_it_lost_and_what_bounds_it(
+        tmp_path, caplog):
+    import logging
+
+    from p2prl.learner.loop import lost_at_restart
+
+    log_path = tmp_path / "train_log.jsonl"
+    log_path.write_text("".join(json.dumps({"version": v, "published": "x", "groups": []}) + "\n" for v in range(51)))
+    cfg = load_config(None, ["train.checkpoint_every=10"])
+    with caplog.at_level(logging.WARNING, logger="p2prl.learner.loop"):
+        assert lost_at_restart(log_path, 40, cfg) == 10
+        assert lost_at_restart(log_path, 50, cfg) == 0  # checkpointed at its last version: nothing lost, nothing said
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("restarting from the checkpoint at v40: the 10 version(s) this learner reached after it "
+                           "(to v50) are lost here (train.checkpoint_every = 10 bounds the loss"), line

@@ -140,7 +140,8 @@ def test_the_join_flag_sets_net_join_for_learners_only(capsys):
     assert cli._load_config(args).net.join is True
     args = cli.build_parser().parse_args(["join", "--role", "learner", "net.run_id=x"])
     assert cli._load_config(args).net.join is False
-    assert cli.main(["join", "--role", "sampler", "--join", "--initial-peers", "/ip4/127.0.0.1/tcp/1"]) == 2
+    full = "/ip4/127.0.0.1/tcp/1/p2p/QmPkX3V2pmWx2s1K2GrXdwWVXLwz4jqZjTtxbrMk7HTDta"
+    assert cli.main(["join", "--role", "sampler", "--join", "--initial-peers", full]) == 2
     assert "--join is for learners" in capsys.readouterr().err
 
 

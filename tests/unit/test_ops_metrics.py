@@ -236,10 +236,11 @@ def test_metrics_flags_map_to_config_keys_and_bad_values_are_named(capsys):
     cfg = cli._load_config(args)
     assert (cfg.net.metrics_port, cfg.net.metrics_host) == (9400, "0.0.0.0")
     assert load_config(None, []).net.metrics_port == 0 and load_config(None, []).net.metrics_host == "127.0.0.1"
+    peer = "/ip4/127.0.0.1/tcp/1/p2p/QmPkX3V2pmWx2s1K2GrXdwWVXLwz4jqZjTtxbrMk7HTDta"
     for argv, what in [(["join", "--role", "sampler", "--metrics-port", "70000"], "net.metrics_port"),
                        (["bootstrap", "--metrics-port", "70000"], "--metrics-port 70000"),
-                       (["monitor", "--http", "8080", "--initial-peers", "x"], "--http '8080'"),
-                       (["status", "--initial-peers", "x", "--watch", "--json"], "--watch")]:
+                       (["monitor", "--http", "8080", "--initial-peers", peer], "--http '8080'"),
+                       (["status", "--initial-peers", peer, "--watch", "--json"], "--watch")]:
         assert cli.main(argv) == 2
         assert what in capsys.readouterr().err, argv
 

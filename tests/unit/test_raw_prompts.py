@@ -1,4 +1,5 @@
-"""task.chat_template='auto' with a model that has no chat template: prompts are raw text, and the log says so once."""
+"""task.chat_template='auto' with a model that has no chat template: prompts are raw text, and the log says so once:
+a warning for the math task (written for a chat model), naming the key to set."""
 
 import logging
 
@@ -21,7 +22,7 @@ def said(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records if "has no chat template" in r.getMessage()]
 
 
-def test_raw_prompts_of_auto_are_logged_once(tok, caplog, monkeypatch):
+def test_raw_prompts_of_the_math_task_are_warned_of_once_naming_the_key(tok, caplog, monkeypatch):
     monkeypatch.setattr(base, "_RAW_SAID", set())
     task = make_task(TaskConfig(name="math", path="builtin"))  # chat_template = "auto"
     raw = make_task(TaskConfig(name="math", path="builtin", chat_template="never"))
@@ -30,7 +31,31 @@ def test_raw_prompts_of_auto_are_logged_once(tok, caplog, monkeypatch):
             assert render_prompt(tok, task, task.problem(i)) == render_prompt(tok, raw, raw.problem(i))
     (line,) = said(caplog)
     assert line.startswith("task 'math': the model's tokenizer (") and "prompts are raw text" in line
-    assert "task.chat_template='never'" in line
+    assert "held-out accuracy may stay at 0" in line and "use a model folder with a chat template" in line
+    assert "set task.chat_template='never' to train on raw prompts on purpose" in line
+    assert [r.levelno for r in caplog.records if "has no chat template" in r.getMessage()] == [logging.WARNING]
+
+
+def test_raw_prompts_of_a_task_not_written_for_chat_are_an_info_line(tok, caplog, monkeypatch):
+    monkeypatch.setattr(base, "_RAW_SAID", set())
+
+    class Plain(base.Task):
+        name, chat = "plain", "auto"
+
+        def problem(self, prompt_id):
+            return base.Problem(prompt_id, "1+1=", "2")
+
+        def heldout(self, n):
+            return []
+
+        def score(self, problem, completion):
+            return 0.0
+
+    task = Plain()
+    with caplog.at_level(logging.INFO, logger="p2prl.tasks.base"):
+        render_prompt(tok, task, task.problem(0))
+    (line,) = said(caplog)
+    assert line.startswith("task 'plain': ") and "task.chat_template='never' to say so" in line
     assert [r.levelno for r in caplog.records if "has no chat template" in r.getMessage()] == [logging.INFO]
 
 

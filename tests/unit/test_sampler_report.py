@@ -139,3 +139,58 @@ def test_a_settled_run_names_trained_dropped_and_rejected_groups_only():
     assert text.splitlines()[0] == ("sampler stopped: 100 groups made, 96 accepted by learners, 90 confirmed "
                                     "trained, 4 dropped as stale, 2 rejected")
     assert "awaiting" not in text and "not yet sent" not in text and "--json" in text
+
+
+def held_by(box: Outbox, learner: str) -> None:
+    """Every group of ``box`` accepted by ``learner``."""
+    _, batch = box.next_batch([SimpleNamespace(peer_id=learner, queue_depth=0, throughput=0.0)], 1.0, 0.0, 10**6)
+    box.batch_answered(learner, [p.group.group_id for p in batch], [("accepted", "")] * len(batch), 4, 10, 0.1, 0.0)
+
+
+def test_the_only_learner_lost_its_groups_are_kept_not_said_to_go_to_other_learners(caplog):
+    from p2prl.sampler.outbox import GIVE_UP_FAILURES
+
+    box = outbox(3)
+    held_by(box, "LLLLL1")
+    with caplog.at_level(logging.WARNING, logger="p2prl.sampler.outbox"):
+        for _ in range(GIVE_UP_FAILURES):
+            box.acks_failed("LLLLL1", "asking for acks (TimeoutError)", 0.0, others=False)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "sent to other learners" not in line and "the run has no other learner" in line, line
+    assert "the 3 groups it held are kept here, and sent to the first learner that answers" in line, line
+    assert [p.group.group_id for p in box.unsent()] == ["S/0", "S/1", "S/2"]
+    caplog.clear()
+    box = outbox(2)
+    held_by(box, "LLLLL1")
+    with caplog.at_level(logging.WARNING, logger="p2prl.sampler.outbox"):
+        for _ in range(GIVE_UP_FAILURES):
+            box.acks_failed("LLLLL1", "asking for acks (TimeoutError)", 0.0, others=True)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"learner LLLLL1 failed {GIVE_UP_FAILURES} exchanges in a row: 2 groups it held are sent to other learners"]
+
+
+def test_a_sampler_without_an_answering_learner_says_it_waits_keeps_its_groups_and_when_one_is_back(caplog):
+    from p2prl.sampler.outbox import GIVE_UP_FAILURES
+
+    s = sampler()
+    learner = SimpleNamespace(peer_id="Q" * 40 + "abcdef", queue_depth=0, throughput=0.0)
+    for i in range(5):
+        s.link.outbox.add(SimpleNamespace(group_id=f"S/{i}"), b"x")
+    with caplog.at_level(logging.INFO, logger="p2prl.sampler.delivery"):
+        s.link.note_learners([learner])
+        assert not s.link.waiting and caplog.records == []
+        for _ in range(GIVE_UP_FAILURES):  # its only learner stops answering
+            s.link.outbox.failed(learner.peer_id, "asking for acks (TimeoutError)", 0.0)
+        s.link.note_learners([learner])
+        s.link.note_learners([])  # its record expired: still the one wait, said once
+        snap = s.snapshot()
+        assert snap.waiting and snap.kept == 5
+        assert progress_postfix(snap).startswith("waiting for a learner, 5 groups kept; v0 lag 0")
+        assert status_line(snap, 0.0).startswith("waiting for a learner of the run (5 groups kept); policy v0")
+        s.link.outbox.heard(learner.peer_id, queue=0, free=10)  # it answers again
+        s.link.note_learners([learner])
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (logging.WARNING, "no learner of run 'p2prl-default' answers: waiting for one; the 5 groups not yet confirmed "
+                          "trained are kept and sent when one does"),
+        (logging.INFO, "learner abcdef of run 'p2prl-default' answers: the 5 groups kept are sent to it")]
+    assert not s.snapshot().waiting and not progress_postfix(s.snapshot()).startswith("waiting")

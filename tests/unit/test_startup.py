@@ -37,3 +37,28 @@ def test_startup_peers_wait_ends_on_stop(tmp_path):
     with pytest.raises(BootstrapError, match="stopped while waiting"):
         wait_for_peers_file(str(tmp_path / "never"), timeout_s=30, stop=stop)
     assert time.monotonic() - t0 < 5
+
+
+def test_ctrl_c_while_a_peer_loads_its_model_starts_no_dht_and_exits_quietly(monkeypatch, capsys):
+    """The stop asked for while the model loaded: no DHT starts (whose start and stop took seconds and printed DHT
+    errors); the command ends at once, with exit code 0 and one INFO line."""
+    from p2prl.cli import main
+    from p2prl.net import dht, transport
+    from p2prl.sampler import loop
+
+    stop = threading.Event()
+
+    def no_dht(*args, **kwargs):
+        raise AssertionError("a DHT started after the stop")
+
+    def loading(*args, **kwargs):
+        stop.set()  # Ctrl-C arrives while the model loads
+        return object()
+
+    monkeypatch.setattr(dht, "stop_on_signals", lambda: stop)
+    monkeypatch.setattr(transport, "start_dht", no_dht)
+    monkeypatch.setattr(loop, "load_policy", loading)
+    assert main(["join", "--role", "sampler", "--initial-peers", MADDR, "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "p2prl.cli: stopped during start-up (InterruptedError)" in err, err
+    assert "Traceback" not in err and "WARN" not in err and "ERROR" not in err, err
