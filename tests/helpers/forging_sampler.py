@@ -6,7 +6,8 @@ N_HONEST as generated.
 With ``inject`` first, the N_FORGED groups are a completion injection instead: every completion replaced by a
 hand-written text ending in the right answer (its reward is 1), sent with that text's true log-probs under the
 version (the log-prob check passes; only the sampling test can catch it). With ``greedy`` first, they are greedy
-text sent as sampled: generated with top-k 1 at the run's temperature, whose recorded log-probs are the true ones.
+text sent as sampled: generated with top-k 1 at the run's temperature, sent with its true log-probs under the run's
+sampling (recomputed: the generator records them under top-k 1, where every greedy token has log-prob 0).
 
 Usage: python tests/helpers/forging_sampler.py [inject|greedy] MADDR N_FORGED N_HONEST [section.key=value ...]
 Prints {"forged": {group id: [status, reason]}, "honest": {...}} as JSON (["refused", why] once banned).
@@ -36,22 +37,28 @@ PAYLOAD = "I worked it out step by step and checked every number twice. The answ
 
 def injected(g, policy, task):
     """``g`` with every completion replaced by the payload, its rewards rescored and its true log-probs."""
-    import torch
-
-    from p2prl.policy.model import left_pad, sampling_stats
-
     answer = task.problem(g.prompt_id).answer
     ids = policy.tokenizer(PAYLOAD.format(answer=answer)).input_ids + [policy.tokenizer.eos_token_id]
     G = g.tokens.shape[0]
     g.tokens, g.lengths = np.array([ids] * G, np.int32), np.full(G, len(ids), np.int32)
-    prompt, mask = left_pad([g.prompt_ids.tolist()] * G, policy.pad_id)
+    g.logq = true_logq(g, policy)
+    g.rewards = np.array([task.score(task.problem(g.prompt_id), PAYLOAD.format(answer=answer))] * G, np.float32)
+    return g
+
+
+def true_logq(g, policy):
+    """The log-probs of ``g``'s completion tokens under the version at the run's sampling (0 past each end)."""
+    import torch
+
+    from p2prl.policy.model import left_pad, sampling_stats
+
+    prompt, mask = left_pad([g.prompt_ids.tolist()] * g.tokens.shape[0], policy.pad_id)
     s = cfg.sampling
     with torch.no_grad():
         stats = sampling_stats(policy.model, prompt, mask, torch.from_numpy(g.tokens.astype(np.int64)),
                                s.temperature, s.top_k, s.top_p)
-    g.logq = stats["logp"].float().numpy().astype(np.float32)
-    g.rewards = np.array([task.score(task.problem(g.prompt_id), PAYLOAD.format(answer=answer))] * G, np.float32)
-    return g
+    on = np.arange(g.tokens.shape[1])[None] < g.lengths[:, None]
+    return np.where(on, stats["logp"].float().numpy(), 0.0).astype(np.float32)
 log = logging.getLogger("forger")
 stop = threading.Event()
 node = SwarmNode(cfg.net, "sampler", HivemindTransport.join(cfg.net, stop), stop)
@@ -63,6 +70,8 @@ try:
         top_k, sampler.core.cfg.sampling.top_k = sampler.core.cfg.sampling.top_k, 1
         groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged))
         sampler.core.cfg.sampling.top_k = top_k
+        for g in groups:
+            g.logq = true_logq(g, sampler.core.policy)
         groups += sampler.core.rollout(sampler.core.own_prompt_ids(n_honest)) if n_honest else []
     else:
         groups = sampler.core.rollout(sampler.core.own_prompt_ids(n_forged + n_honest))
