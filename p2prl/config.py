@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import tomllib
 import typing
@@ -589,25 +590,50 @@ def did_you_mean(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _format(err: ValidationError) -> str:
+def _line_of(text: str, key: str) -> int | None:
+    """The line (from 1) of a TOML file's ``text`` that sets ``section.key``, found by its ``[section]`` header and
+    ``key =``; None when it is not written that way."""
+    section, leaf = key.split(".", 1) if "." in key else ("", key)
+    current = ""
+    for n, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\s*\[\s*([^\]\s]+)\s*\]", line)
+        if header:
+            current = header.group(1)
+        elif current == section and re.match(rf"\s*[\"']?{re.escape(leaf)}[\"']?\s*=", line):
+            return n
+        elif not current and re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return n
+    return None
+
+
+def _format(err: ValidationError, path: Path | None = None, text: str = "", overridden: tuple[str, ...] = ()) -> str:
+    """Every error on a line of its own, each key's where it was set: the file (and its line) or an override."""
     lines = []
     for e in err.errors():
         key = ".".join(str(x) for x in e["loc"])
         msg = "unknown key" + did_you_mean(key) if e["type"] == "extra_forbidden" else e["msg"]
         msg = msg.removeprefix("Value error, ")
-        lines.append(f"  {key}: {msg}" if key else f"  {msg}")
+        where = ""
+        if key and any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden):
+            where = "override "
+        elif key and path is not None:
+            n = _line_of(text, key)
+            where = f"{path}, line {n}: " if n else f"{path}: "
+        lines.append(f"  {where}{key}: {msg}" if key else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Load ``path`` (TOML; None = defaults) and apply ``section.key=value`` overrides."""
     tree: dict = {}
+    p, text, overridden = None, "", []
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
+        text = p.read_text()
         try:
-            tree = tomllib.loads(p.read_text())
+            tree = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
     for item in overrides:
@@ -615,10 +641,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(f"override {item!r} must look like section.key=value")
         key, value = item.split("=", 1)
         _set_dotted(tree, key.strip(), _parse_value(value.strip()))
+        overridden.append(key.strip())
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        raise ConfigError(_format(e, p, text, tuple(overridden))) from None
 
 
 def format_bytes(n: float) -> str:

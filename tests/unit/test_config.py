@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from p2prl.config import ConfigError, load_config
@@ -94,3 +96,17 @@ def test_run_identity_of_shipped_configs_is_unchanged(name, digest):
     # saved with them still resumes): the rest is unchanged
     ident["sampling"] |= {"backend": "transformers", "vllm_dtype": "float32", "vllm_kv_cache_gib": 0.0}
     assert hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest() == digest
+
+
+def test_a_typo_in_a_config_file_names_the_file_and_its_line(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text('# my run\n[model]\npath = "builtin"\n\n[train]\nstpes = 10\nlr = 1e-4\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(run, ["train.lr=-1"])
+    lines = str(e.value).splitlines()
+    assert lines[0] == "invalid config:"
+    assert f"  {run}, line 6: train.stpes: unknown key (did you mean 'train.steps'?)" in lines
+    assert any(line.startswith("  override train.lr: ") for line in lines), lines  # the command line's, not the file's
+    run.write_text('train.stpes = 10\n')
+    with pytest.raises(ConfigError, match=rf"  {re.escape(str(run))}, line 1: train\.stpes: unknown key"):
+        load_config(run)
