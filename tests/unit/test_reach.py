@@ -170,3 +170,21 @@ def test_a_busy_checker_is_asked_again_and_the_first_answer_decides(monkeypatch)
     monkeypatch.setattr(reach, "ask", lambda *a: asyncio.sleep(0, {"error": "limited"}))
     v = asyncio.run(reach.check(None, ["a", "b", "c"], [], [5], timeout_s=10))
     assert v.reachable is None and v.errors == ["a: limited", "b: limited", "c: limited"]  # not asked again
+
+
+def test_an_unreachable_learner_is_refused_with_its_reachability_line_once(caplog):
+    """The refusal carries the line and the fix, and the line is not logged before it too (printed twice)."""
+    from types import SimpleNamespace
+
+    from p2prl.net.dht import BootstrapError
+    from p2prl.net.node import SwarmNode
+
+    mine = [f"/ip4/11.0.0.1/tcp/5/p2p/{PID}"]
+    verdict = Verdict(False, tried=["/ip4/11.0.0.1/tcp/5"], ip="11.0.0.2", answered=2)
+    node = SimpleNamespace(role="learner", transport=SimpleNamespace(visible_maddrs=lambda: mine),
+                           check_reachability=lambda: verdict)
+    with caplog.at_level("DEBUG"), pytest.raises(BootstrapError) as e:
+        SwarmNode.settle_reachability(node)
+    printed = [str(e.value)] + [r.getMessage() for r in caplog.records]
+    assert sum(p.count("reachability: NOT reachable") for p in printed) == 1, printed
+    assert "--announce-maddrs /ip4/11.0.0.2/tcp/5" in str(e.value)
