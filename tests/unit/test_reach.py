@@ -112,7 +112,11 @@ def test_dial_errors_are_told_apart():
                "4001] dial tcp4 127.0.0.1:4001: connect: connection refused")
     assert classify_dial_error(m, refused) == (
         f"{m}: nothing listens at 127.0.0.1:4001; is the bootstrap running, is that its port?")
-    assert "no answer from 127.0.0.1:4001" in classify_dial_error(m, "timeout")
+    assert classify_dial_error(m, "timeout") == (
+        f"{m}: no answer from 127.0.0.1:4001 on this machine: something listens there but did not answer as a libp2p "
+        "peer; is the bootstrap stopped or paused, is that its port?")  # no advice about other machines
+    far = f"/ip4/11.0.0.1/tcp/4001/p2p/{OTHER}"
+    assert "127.0.0.1 works on its own machine only" in classify_dial_error(far, "timeout")
     assert "no route" in classify_dial_error(m, "dial tcp4: connect: no route to host")
     assert "answers at 127.0.0.1:4001" in classify_dial_error(m, "")
     assert reach.hostport("/ip6/::1/tcp/5/p2p/x") == "[::1]:5"
