@@ -93,15 +93,31 @@ class SamplerProgress:
         self._stack.close()
 
 
-def version_ranges(versions) -> str:
-    """``v0-3, v5, v7-9``: versions in ranges of consecutive ones, in order."""
+RANGES_LISTED = 6  # a summary lists at most this many ranges of loaded versions; more are summed up
+
+
+def _spans(versions) -> list[list[int]]:
     out: list[list[int]] = []
     for v in sorted(set(versions)):
         if out and v == out[-1][1] + 1:
             out[-1][1] = v
         else:
             out.append([v, v])
-    return ", ".join(f"v{a}" if a == b else f"v{a}-{b}" for a, b in out)
+    return out
+
+
+def _said(spans: list[list[int]]) -> str:
+    return ", ".join(f"v{a}" if a == b else f"v{a}-{b}" for a, b in spans)
+
+
+def version_ranges(versions, most: int = RANGES_LISTED) -> str:
+    """``v0-3, v5, v7-9``: versions in ranges of consecutive ones, in order; past ``most`` ranges (a sampler that
+    skips versions), how many of which span, and the last ranges: ``120 of v0-255, the last v250, v252-255``."""
+    spans = _spans(versions)
+    if len(spans) <= most:
+        return _said(spans)
+    n = sum(b - a + 1 for a, b in spans)
+    return f"{n} of v{spans[0][0]}-{spans[-1][1]}, the last {_said(spans[-(most // 2):])}"
 
 
 def format_summary(summary: dict) -> str:
@@ -130,8 +146,10 @@ def format_summary(summary: dict) -> str:
     if summary.get("weights/loaded"):
         listed = summary.get("versions_loaded", [])
         more = "..., " if summary["weights/loaded"] > len(listed) else ""  # only the most recent are listed
+        said = version_ranges(listed) if listed else ""
+        more = more if said.startswith("v") else ""  # "n of vA-B" says itself which span it counts
         lines.append(f"  {summary['weights/loaded']} policy version(s) loaded, the last "
-                     f"v{summary.get('policy_version', 0)}" + (f": {more}{version_ranges(listed)}" if listed else ""))
+                     f"v{summary.get('policy_version', 0)}" + (f": {more}{said}" if said else ""))
     lines.append("  (`--json` prints this summary as JSON)")
     return "\n".join(lines)
 
