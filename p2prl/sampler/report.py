@@ -7,7 +7,6 @@ snapshots and summaries (tests/unit/test_sampler_report.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -52,19 +51,15 @@ class SamplerProgress:
         self.bar = None
         self.last = self.clock()
         self.last_made = 0
-        self._stack = contextlib.ExitStack()
 
     def start(self, s: SamplerSnapshot) -> None:
         self.last, self.last_made = self.clock(), s.made
         if not self.show:
             return
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
         from p2prl.metrics import progress_bar
 
-        self.bar = progress_bar(desc="sampler", unit=" groups", initial=s.made)
+        self.bar = progress_bar(desc="sampler", unit=" groups", initial=s.made)  # log lines go above it
         self.bar.set_postfix_str(progress_postfix(s))
-        self._stack.enter_context(logging_redirect_tqdm())  # a log line goes above the bar, not through it
 
     def update(self, s: SamplerSnapshot) -> None:
         now = self.clock()
@@ -90,7 +85,6 @@ class SamplerProgress:
                 self.bar.update(s.made - self.bar.n)
             self.bar.close()
             self.bar = None
-        self._stack.close()
 
 
 RANGES_LISTED = 6  # a summary lists at most this many ranges of loaded versions; more are summed up

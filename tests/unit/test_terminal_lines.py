@@ -39,3 +39,30 @@ def test_a_peer_with_an_identity_file_says_it_checks_it_by_its_own_name(monkeypa
     lines = [r.getMessage() for r in caplog.records if r.name == transport.__name__]
     assert lines == [f"checking that no other peer of the swarm uses the identity in {ident}"], lines
     assert len(started) == 2 and "p2prl-id-" in started[0]["identity_path"]  # the daemon reads a private copy
+
+
+def test_log_lines_go_above_the_progress_bar_not_onto_its_line(capsys):
+    import re
+    import sys
+
+    from p2prl.metrics import progress_bar
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(sys.stderr)  # the peer's console handler (capsys's stderr here)
+    root.addHandler(console)
+    before = list(root.handlers)
+    try:
+        bar = progress_bar(total=3, desc="learner", file=sys.stderr)
+        bar.set_postfix_str("v1 reward 0.50")
+        bar.update(1)
+        logging.getLogger("p2prl.learner.loop").warning("a log line")
+        bar.close()
+        bar.close()  # again, as tqdm does when the bar is collected: the handlers are put back once
+        assert root.handlers == before
+        logging.getLogger("p2prl.learner.loop").warning("after the bar")
+    finally:
+        root.removeHandler(console)
+    pieces = re.split(r"[\r\n]", capsys.readouterr().err)
+    assert "a log line" in pieces and "after the bar" in pieces, pieces  # each a line of its own
+    off = progress_bar(total=3, disable=True)
+    assert root.handlers == [h for h in before if h is not console] and off.disable  # a hidden bar changes nothing
