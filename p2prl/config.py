@@ -177,17 +177,23 @@ AlgoConfig = create_model(
 
 class TrainConfig(_Section):
     steps: int = Field(120, ge=1, le=10_000_000)
-    """Learner optimizer steps (policy versions) to run."""
+    """Learner optimizer steps (policy versions) to run. The warmup and a cosine lr_schedule span these steps unless
+    lr_steps is set: raising steps in a copied config (or to go on with a run) stretches them, keeping the rate
+    high for longer."""
     groups_per_step: int = Field(16, ge=1, le=65_536)
     """Groups (prompts) per optimizer step."""
     lr: float = Field(2e-3, gt=0.0, le=1.0)
     """AdamW learning rate (after warmup; see lr_schedule)."""
     warmup_frac: float = Field(0.03, ge=0.0, le=1.0)
-    """Share of steps with linear warmup (paper: 3%)."""
+    """Share of the schedule's steps (lr_steps, else steps) with linear warmup (paper: 3%)."""
     lr_schedule: Literal["constant", "cosine"] = Field("constant")
-    """After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at train.steps."""
+    """After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at the schedule's
+    last step (lr_steps, else train.steps)."""
     lr_min_frac: float = Field(0.1, ge=0.0, le=1.0)
-    """lr_schedule = cosine: the learning rate at train.steps, as a share of lr."""
+    """lr_schedule = cosine: the learning rate at the schedule's last step and after it, as a share of lr."""
+    lr_steps: int = Field(0, ge=0, le=10_000_000)
+    """The steps the warmup and a cosine lr_schedule span; 0: train.steps. Set, raising train.steps leaves the
+    schedule as it is: past lr_steps the rate stays at lr_min_frac x lr."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0.0)

@@ -34,8 +34,8 @@ PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
 RUN_FILE = "run.json"  # in train.out_dir: the run its learner was part of
 WAIT_LOG_S = 60.0  # a learner waiting for the run to join says so again this often
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay",
-              "max_grad_norm")
+OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "lr_steps",
+              "weight_decay", "max_grad_norm")
 
 
 class RunConfigMismatch(ConfigError):
