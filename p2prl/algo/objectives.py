@@ -99,8 +99,12 @@ class Objective:
 
     def progress(self, metrics: dict[str, float]) -> str:
         """Its part of the learner's progress line, from a step's metrics (``loss/<key>``)."""
-        parts = (f"{label} {metrics[f'loss/{key}']:{fmt[0] if fmt else '.2e'}}" for label, key, *fmt in self.shown)
-        return " ".join(parts)
+        def said(x: float, spec: str) -> str:
+            text = f"{x:{spec}}"
+            return text[1:] if text.startswith("-") and float(text) == 0 else text  # not "-0.000"
+
+        return " ".join(f"{label} {said(metrics[f'loss/{key}'], fmt[0] if fmt else '.2e')}"
+                        for label, key, *fmt in self.shown)
 
 
 @register

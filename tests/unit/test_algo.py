@@ -676,6 +676,8 @@ def test_each_objective_says_its_loss_arguments_chunking_clip_and_defaults():
     assert [o.scale_std for o in (grpo, gspo, gepo)] == [True, True, False]  # GEPO: off, as in the paper
     m = {"loss/kl_k1": 0.00123, "loss/kl_k3": 4.2e6, "loss/is_weight_var": 0.5}
     assert gepo.progress(m) == "kl 0.001 wvar 5.00e-01"  # the mean log-ratio, not the raw k3
+    assert gepo.progress({**m, "loss/kl_k1": -2e-9}) == "kl 0.000 wvar 5.00e-01"  # float noise at lag 0
+    assert gepo.progress({**m, "loss/kl_k1": -0.02}) == "kl -0.020 wvar 5.00e-01"
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
