@@ -121,12 +121,22 @@ def _add_join_parser(sub) -> None:
         "summary; the same as JSON goes to <train.out_dir>/summary.json (--json prints it instead).",
         epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    jn.add_argument("--role", choices=["sampler", "learner"], required=True)
+    jn.add_argument("--role", choices=["sampler", "learner"], required=True,
+                    help="sampler: generates groups of completions with the policy version it holds and sends them "
+                    "to the run's learners (any machine; outbound connections suffice). learner: verifies those "
+                    "groups, trains on them and publishes each new version (a machine the samplers can dial)")
     jn.add_argument("--join", action="store_true",
                     help="learners: add this learner to the run of --run-id that is already training (it waits for "
                     "the run's learners, then loads its state; net.join). Without it a learner that finds a run of "
                     "its id refuses to start, unless its train.out_dir was part of that run (a restart)")
     _add_network_args(jn)
+    said = {"initial_peers": "multiaddrs of the run's bootstrap peers (the full /ip4/.../tcp/.../p2p/<id> lines "
+                             "`p2prl bootstrap` prints; any reachable one suffices). Required for samplers and for "
+                             "learners with --join; a learner without it starts a swarm of its own",
+            "run_id": "(default p2prl-default) the run to take part in (net.run_id). It must match the run's: a "
+                      "peer of another run id is not part of it, and a sampler waits for learners of its own id"}
+    for action in jn._actions:  # the shared network flags, said for join
+        action.help = said.get(action.dest, action.help)
     jn.add_argument("--client-mode", action="store_true",
                     help="outbound connections only, serving nothing (a sampler behind NAT; one that peers cannot "
                     "dial back switches to it by itself); learners must be reachable")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shutil
 import tomllib
 import typing
@@ -176,17 +177,23 @@ AlgoConfig = create_model(
 
 class TrainConfig(_Section):
     steps: int = Field(120, ge=1, le=10_000_000)
-    """Learner optimizer steps (policy versions) to run."""
+    """Learner optimizer steps (policy versions) to run. The warmup and a cosine lr_schedule span these steps unless
+    lr_steps is set: raising steps in a copied config (or to go on with a run) stretches them, keeping the rate
+    high for longer."""
     groups_per_step: int = Field(16, ge=1, le=65_536)
     """Groups (prompts) per optimizer step."""
     lr: float = Field(2e-3, gt=0.0, le=1.0)
     """AdamW learning rate (after warmup; see lr_schedule)."""
     warmup_frac: float = Field(0.03, ge=0.0, le=1.0)
-    """Share of steps with linear warmup (paper: 3%)."""
+    """Share of the schedule's steps (lr_steps, else steps) with linear warmup (paper: 3%)."""
     lr_schedule: Literal["constant", "cosine"] = Field("constant")
-    """After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at train.steps."""
+    """After warmup: `constant` (the paper's runs) or `cosine`, from lr down to lr_min_frac x lr at the schedule's
+    last step (lr_steps, else train.steps)."""
     lr_min_frac: float = Field(0.1, ge=0.0, le=1.0)
-    """lr_schedule = cosine: the learning rate at train.steps, as a share of lr."""
+    """lr_schedule = cosine: the learning rate at the schedule's last step and after it, as a share of lr."""
+    lr_steps: int = Field(0, ge=0, le=10_000_000)
+    """The steps the warmup and a cosine lr_schedule span; 0: train.steps. Set, raising train.steps leaves the
+    schedule as it is: past lr_steps the rate stays at lr_min_frac x lr."""
     weight_decay: float = Field(0.0, ge=0.0, le=1.0)
     """AdamW weight decay."""
     max_grad_norm: float = Field(1.0, gt=0.0)
@@ -589,25 +596,50 @@ def did_you_mean(key: str) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _format(err: ValidationError) -> str:
+def _line_of(text: str, key: str) -> int | None:
+    """The line (from 1) of a TOML file's ``text`` that sets ``section.key``, found by its ``[section]`` header and
+    ``key =``; None when it is not written that way."""
+    section, leaf = key.split(".", 1) if "." in key else ("", key)
+    current = ""
+    for n, line in enumerate(text.splitlines(), 1):
+        header = re.match(r"\s*\[\s*([^\]\s]+)\s*\]", line)
+        if header:
+            current = header.group(1)
+        elif current == section and re.match(rf"\s*[\"']?{re.escape(leaf)}[\"']?\s*=", line):
+            return n
+        elif not current and re.match(rf"\s*{re.escape(key)}\s*=", line):
+            return n
+    return None
+
+
+def _format(err: ValidationError, path: Path | None = None, text: str = "", overridden: tuple[str, ...] = ()) -> str:
+    """Every error on a line of its own, each key's where it was set: the file (and its line) or an override."""
     lines = []
     for e in err.errors():
         key = ".".join(str(x) for x in e["loc"])
         msg = "unknown key" + did_you_mean(key) if e["type"] == "extra_forbidden" else e["msg"]
         msg = msg.removeprefix("Value error, ")
-        lines.append(f"  {key}: {msg}" if key else f"  {msg}")
+        where = ""
+        if key and any(key == o or key.startswith(o + ".") or o.startswith(key + ".") for o in overridden):
+            where = "override "
+        elif key and path is not None:
+            n = _line_of(text, key)
+            where = f"{path}, line {n}: " if n else f"{path}: "
+        lines.append(f"  {where}{key}: {msg}" if key else f"  {msg}")
     return "invalid config:\n" + "\n".join(lines)
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Load ``path`` (TOML; None = defaults) and apply ``section.key=value`` overrides."""
     tree: dict = {}
+    p, text, overridden = None, "", []
     if path is not None:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"config file {p} does not exist")
+        text = p.read_text()
         try:
-            tree = tomllib.loads(p.read_text())
+            tree = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {p} is not valid TOML: {e}") from e
     for item in overrides:
@@ -615,10 +647,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             raise ConfigError(f"override {item!r} must look like section.key=value")
         key, value = item.split("=", 1)
         _set_dotted(tree, key.strip(), _parse_value(value.strip()))
+        overridden.append(key.strip())
     try:
         return Config.model_validate(tree)
     except ValidationError as e:
-        raise ConfigError(_format(e)) from None
+        raise ConfigError(_format(e, p, text, tuple(overridden))) from None
 
 
 def format_bytes(n: float) -> str:

@@ -17,6 +17,7 @@ def setup_logging(role: str, peer: str = "", level: int = logging.INFO) -> None:
     )
     log_uncaught_exceptions()
     drop_known_shutdown_lines()
+    drop_identity_check_line()
 
 
 class DropLines(logging.Filter):
@@ -47,6 +48,19 @@ def drop_known_shutdown_lines() -> None:
     logger = logging.getLogger(P2PD_LOGGER)
     if not any(isinstance(f, DropLines) and f.parts == P2PD_SHUTDOWN_LINE for f in logger.filters):
         logger.addFilter(DropLines(*P2PD_SHUTDOWN_LINE))
+
+
+# hivemind's line (its own format) before it checks that a peer's identity is free; it names the temporary copy of
+# the identity the daemon reads. p2prl.net.transport says it in a line of its own, naming the user's file.
+IDENTITY_CHECK_LINE = ("Checking that identity from", "is not used by other peers")
+
+
+def drop_identity_check_line() -> None:
+    """Keep hivemind's ``IDENTITY_CHECK_LINE`` out of the terminal and the logs (the DHT's process, which logs it,
+    inherits the filter)."""
+    logger = logging.getLogger(P2PD_LOGGER)
+    if not any(isinstance(f, DropLines) and f.parts == IDENTITY_CHECK_LINE for f in logger.filters):
+        logger.addFilter(DropLines(*IDENTITY_CHECK_LINE))
 
 
 def log_uncaught_exceptions() -> None:

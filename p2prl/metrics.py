@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 from typing import Callable
@@ -13,7 +14,8 @@ FALLBACK_COLUMNS = 100  # a terminal that reports 0 columns (some IDE consoles, 
 
 
 def progress_bar(**kw) -> tqdm:
-    """A tqdm bar that follows the terminal's width, or ``FALLBACK_COLUMNS`` where it reports none."""
+    """A tqdm bar that follows the terminal's width, or ``FALLBACK_COLUMNS`` where it reports none. While it is
+    shown (until ``close``), the console's log lines are written above it (``tqdm.write``), never onto its line."""
     bar = tqdm(dynamic_ncols=True, **kw)
     shape = getattr(bar, "dynamic_ncols", None)  # absent on a disabled bar
     if callable(shape):
@@ -23,7 +25,31 @@ def progress_bar(**kw) -> tqdm:
 
         bar.dynamic_ncols = _shape
         bar.ncols = bar.ncols or FALLBACK_COLUMNS
+    if not bar.disable:
+        _log_above(bar)
     return bar
+
+
+def _log_above(bar: tqdm) -> None:
+    """Route the console handlers of the root logger (and of hivemind's, which logs on its own) through
+    ``tqdm.write`` until ``bar`` closes."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    loggers = [logging.root] + [lg for lg in (logging.getLogger("hivemind"),) if lg.handlers and not lg.propagate]
+    redirect = logging_redirect_tqdm(loggers)
+    redirect.__enter__()
+    close = bar.close
+
+    def _close() -> None:
+        nonlocal redirect
+        try:
+            close()
+        finally:
+            if redirect is not None:  # once (tqdm closes a bar again when it is collected)
+                redirect, done = None, redirect
+                done.__exit__(None, None, None)
+
+    bar.close = _close
 
 
 class NullSink:

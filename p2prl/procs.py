@@ -170,10 +170,12 @@ def log_tail(path: Path, lines: int = 20) -> str:
     """The last ``lines`` lines of the log at ``path`` (its last 64 KiB at most), or a word on why there are none."""
     try:
         with path.open("rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            start = f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
             text = f.read().decode(errors="replace")
     except OSError as e:
         return f"(no log: {e.strerror or e})"
+    if start > 0:  # the first line read starts mid-line: not quoted cut
+        text = text.partition("\n")[2]
     tail = [line for line in text.splitlines() if line.strip()][-lines:]
     return "\n".join(tail) if tail else "(the log is empty)"
 

@@ -18,7 +18,12 @@ Common metrics keys:
                     unclipped one, i.e. ratio > 1+eps_high with A > 0, or
                     ratio < 1-eps_low with A < 0
     kl_k3           mean_i( sum_t(k3*mask)/L_i ), k3 = exp(d) - d - 1,
-                    d = logq - logp: k3 estimate of KL(q || p) per token
+                    d = logq - logp: k3 estimate of KL(q || p) per token (the
+                    penalty's; one token the learner finds far less likely
+                    than the sampler did adds exp of that gap, up to 1e7)
+    kl_k1           mean_i( sum_t(d*mask)/L_i ): the mean per-token log-ratio
+                    log q - log p, the k1 estimate of the same KL, in nats per
+                    token (linear in the gap, so readable; the progress line's)
 GEPO also reports ``log_denom_mean`` (mean of log E_q[q] over rows) and
 ``seq_ratio_mean`` / ``seq_ratio_var`` (GSPO's s_i = p_i/q_i, for comparison);
 with ``variant="plus"`` also ``plus_own_frac`` (share of rows using their own q).
@@ -198,6 +203,7 @@ def _metrics(loss: Tensor, pg_loss: Tensor, weights: Tensor, binds: Tensor, b: _
             "is_weight_var": float(w.var(unbiased=False)),
             "clip_frac": float(binds.float().mean()),
             "kl_k3": float(_k3_per_seq(b).mean()),
+            "kl_k1": float(_seq_mean(-_token_log_ratio(b), b).mean()),
         }
 
 

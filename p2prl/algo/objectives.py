@@ -18,7 +18,9 @@ config section (``settings``, read by attribute) and says:
   weights are per token);
 * ``clip_eps``: the upper clip of its importance weight (the spot check warns when its tolerance lets a forgery
   reach it);
-* ``shown``: the metrics the learner's progress line shows, ``(label, loss metric key)``;
+* ``shown``: the metrics the learner's progress line shows, ``(label, loss metric key)`` or ``(label, key,
+  format spec)`` (default ``.2e``); the base shows ``kl``, the mean per-token log-ratio log q - log p (``kl_k1``,
+  nats per token: readable where the k3 estimate the penalty uses, kept in the metrics, reaches 1e7), and ``wvar``;
 * ``scale_std``: its default for ``algo.scale_std`` (dividing advantages by the group std).
 
 A new objective is one class here (or in a module imported here) and its tests. No torch is imported here until a
@@ -65,7 +67,7 @@ class Objective:
     fields: ClassVar[dict[str, Setting]] = {}
     """Its own ``algo`` keys."""
     token_weighted: ClassVar[bool] = False
-    shown: ClassVar[tuple[tuple[str, str], ...]] = (("kl", "kl_k3"), ("wvar", "is_weight_var"))
+    shown: ClassVar[tuple[tuple[str, ...], ...]] = (("kl", "kl_k1", ".3f"), ("wvar", "is_weight_var"))
     scale_std: ClassVar[bool] = True
 
     def __init__(self, settings: Any):
@@ -97,7 +99,12 @@ class Objective:
 
     def progress(self, metrics: dict[str, float]) -> str:
         """Its part of the learner's progress line, from a step's metrics (``loss/<key>``)."""
-        return " ".join(f"{label} {metrics[f'loss/{key}']:.2e}" for label, key in self.shown)
+        def said(x: float, spec: str) -> str:
+            text = f"{x:{spec}}"
+            return text[1:] if text.startswith("-") and float(text) == 0 else text  # not "-0.000"
+
+        return " ".join(f"{label} {said(metrics[f'loss/{key}'], fmt[0] if fmt else '.2e')}"
+                        for label, key, *fmt in self.shown)
 
 
 @register

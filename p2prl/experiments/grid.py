@@ -58,6 +58,8 @@ def fingerprint(cfg_dump: dict) -> dict:
     fp = json.loads(json.dumps(cfg_dump))
     fp["train"].pop("out_dir", None)
     fp["train"].pop("threads", None)
+    if not fp["train"].get("lr_steps"):  # its default (the schedule spans train.steps): as before the key existed
+        fp["train"].pop("lr_steps", None)
     for section in ("net", "flow", "rounds", "testing"):
         fp.pop(section, None)
     return fp

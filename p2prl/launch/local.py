@@ -62,12 +62,14 @@ def _say(msg: str) -> None:
 
 
 def watch(swarm: ProcessGroups, main: str, maddrs_file: Path, may_finish: frozenset[str] = frozenset(),
-          bootstrap_timeout_s: float = BOOTSTRAP_TIMEOUT_S, poll_s: float = POLL_S) -> int:
+          bootstrap_timeout_s: float = BOOTSTRAP_TIMEOUT_S, poll_s: float = POLL_S,
+          on_terminal: frozenset[str] = frozenset()) -> int:
     """Wait for child ``main`` (the first learner) to end; its exit code when it ends well. Says where the bootstrap
     is once ``maddrs_file`` names it. A child that ends first (but one of ``may_finish``, the further learners,
     ending well), or ``main`` ending with an error, is named with its exit code or signal and the last lines of
-    ``<logs>/<name>.log``; then ``main``'s code, or 1 (128 + the signal when a signal killed it), and the caller
-    stops the others."""
+    ``<logs>/<name>.log`` (a child of ``on_terminal``, whose lines and error are on this terminal already, by
+    where its log is: its error is not quoted a second time); then ``main``'s code, or 1 (128 + the signal when a
+    signal killed it), and the caller stops the others."""
     deadline, announced = time.monotonic() + bootstrap_timeout_s, False
     while True:
         if not announced:
@@ -88,7 +90,11 @@ def watch(swarm: ProcessGroups, main: str, maddrs_file: Path, may_finish: frozen
         if dead:
             for name, c in sorted(dead.items(), key=lambda item: item[0] != main):  # the learner first
                 log = swarm.logs / f"{name}.log"
-                _say(f"{name} died ({exit_reason(c)}); the last lines of {log}:\n{_indent(log_tail(log, TAIL_LINES))}")
+                if name in on_terminal:
+                    _say(f"{name} died ({exit_reason(c)}); its last lines are above, its log is {log}")
+                else:
+                    _say(f"{name} died ({exit_reason(c)}); the last lines of {log}:\n"
+                         f"{_indent(log_tail(log, TAIL_LINES))}")
             _say("stopping the other peers")
             return 1 if code is None else code if code > 0 else 128 - code
         time.sleep(poll_s)
@@ -147,7 +153,8 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         for i in range(n_samplers):
             start(f"sampler{i}", ["join", "--role", "sampler", *common, *metrics(1 + n_learners + i), *overrides])
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
-        return watch(swarm, "learner", maddrs_file, frozenset(f"learner{i}" for i in range(1, n_learners)))
+        return watch(swarm, "learner", maddrs_file, frozenset(f"learner{i}" for i in range(1, n_learners)),
+                     on_terminal=frozenset({"learner"}))  # its output is this terminal's (and its --log-file's)
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
         print(f"{signal.Signals(signum).name}: stopping the local swarm", file=sys.stderr, flush=True)

@@ -61,13 +61,15 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
 
 def lr_factor(t: TrainConfig, step: int) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a share of ``t.lr``: linear warmup over
-    ``t.warmup_frac`` of the steps, then constant, or a cosine from 1 down to ``t.lr_min_frac`` at ``t.steps``."""
-    warmup = max(1, round(t.warmup_frac * t.steps))
+    ``t.warmup_frac`` of the schedule's steps (``t.lr_steps``, else ``t.steps``), then constant, or a cosine from 1
+    down to ``t.lr_min_frac`` at its last step, and ``t.lr_min_frac`` after it."""
+    span = t.lr_steps or t.steps
+    warmup = max(1, round(t.warmup_frac * span))
     if step < warmup:
         return (step + 1) / warmup
     if t.lr_schedule == "constant":
         return 1.0
-    done = min(1.0, (step + 1 - warmup) / max(1, t.steps - warmup))
+    done = min(1.0, (step + 1 - warmup) / max(1, span - warmup))
     return t.lr_min_frac + (1.0 - t.lr_min_frac) * 0.5 * (1.0 + math.cos(math.pi * done))
 
 

@@ -452,13 +452,15 @@ Scalar = int | float | str | bool | None
 class RunConfigRecord(_Record):
     """What every peer of a run must agree on, published by learners: ``key(run_id, "config")``, subkey = learner.
 
-    ``model``: sha256 of the base model folder; ``lora``: the LoRA adapter settings (``{"lora_rank": 0}``
-    when off); ``task``: the task's fingerprint (name, settings, data hash); the rest are config
-    sections, flat maps of scalars.
+    ``model``: sha256 of the base model folder; ``model_path``: that folder as its learner named it
+    (``model.path``: only for messages, never compared); ``lora``: the LoRA adapter settings
+    (``{"lora_rank": 0}`` when off); ``task``: the task's fingerprint (name, settings, data hash); the rest
+    are config sections, flat maps of scalars.
     """
 
     MAX_BYTES: ClassVar[int] = 16384
     model: str = Field(pattern=r"^[0-9a-f]{64}$")
+    model_path: str = Field(default="", max_length=512)
     lora: dict[str, Scalar] = Field(default_factory=dict, max_length=16)
     task: str = Field(max_length=1024)
     sampling: dict[str, Scalar] = Field(max_length=64)

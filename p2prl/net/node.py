@@ -414,10 +414,10 @@ class SwarmNode(Streams):
         announced = self.transport.visible_maddrs()
         port = next((p for p in map(reach.maddr_port, announced) if p), None)
         d = self.reach = reach.decide(self.check_reachability(), self.role, announced, port)
-        log.log(logging.WARNING if d.action in ("client", "refuse") else logging.INFO, d.line)
-        if d.action == "refuse":
+        if d.action == "refuse":  # the error carries the line and the fix: printed once, by whoever reports it
             raise BootstrapError(f"this {self.role} cannot be reached by the swarm, and a {self.role} must be: "
                                  f"samplers send it groups and fetch weights from it\n{d.line}\n{d.fix}")
+        log.log(logging.WARNING if d.action == "client" else logging.INFO, d.line)
         if d.fix:
             log.warning("%s", d.fix)
         if d.action == "client":

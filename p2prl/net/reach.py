@@ -277,6 +277,9 @@ def classify_dial_error(maddr: str, message: str) -> str:
     if "no such host" in low or "no addresses" in low or "resolv" in low:
         return f"{maddr}: the name in it does not resolve; check the address"
     if "timeout" in low or "deadline" in low or "timed out" in low:
+        if maddr_scope(maddr) == "local":  # this machine: no firewall or route in between
+            return (f"{maddr}: no answer from {where} on this machine: something listens there but did not answer "
+                    "as a libp2p peer; is the bootstrap stopped or paused, is that its port?")
         return (f"{maddr}: no answer from {where}: a firewall drops the connection, or the address is not "
                 "reachable from here (use the bootstrap's public IP; 127.0.0.1 works on its own machine only)")
     return f"{maddr}: {message.strip().splitlines()[-1].strip()[:300]}"

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
     from p2prl.config import NetConfig
 
+log = logging.getLogger(__name__)
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
 
 
@@ -177,9 +178,10 @@ class HivemindTransport:
     ``on_unowned``). Made by ``join``."""
 
     def __init__(self, identity: bytes, initial_peers: list[str], dht_args: dict, bootstrap_timeout_s: float,
-                 fresh_identity: bool):
+                 fresh_identity: bool, identity_path: str = ""):
         self.identity, self.initial_peers, self.dht_args = identity, initial_peers, dht_args
         self.bootstrap_timeout_s, self.fresh_identity = bootstrap_timeout_s, fresh_identity
+        self.identity_path = identity_path  # where the identity came from (for messages)
         _, self.subkey = owned.owned_subkey(identity)
         self.lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
         self.dht = self._start_dht()
@@ -203,9 +205,15 @@ class HivemindTransport:
         args.update(changes)
         # the libp2p identity: its key signs our DHT records (owned.py); a fresh one unless given
         identity = owned.load_identity(net.identity_path) if net.identity_path else owned.new_identity()
-        return cls(identity, peers, args, net.bootstrap_timeout_s, fresh_identity=not net.identity_path)
+        return cls(identity, peers, args, net.bootstrap_timeout_s, fresh_identity=not net.identity_path,
+                   identity_path=net.identity_path)
 
     def _start_dht(self):
+        a = self.dht_args
+        if not (self.fresh_identity or not self.initial_peers or a.get("loopback") or a.get("closed_network")):
+            # hivemind's own line names the temporary copy the daemon reads (p2prl.log drops it)
+            log.info("checking that no other peer of the swarm uses the identity in %s", self.identity_path or
+                     "net.identity_path")
         with owned.identity_file(self.identity) as path:  # the daemon reads it at its start, which this waits for
             return start_dht(self.initial_peers, self.bootstrap_timeout_s, identity_path=path,
                              fresh_identity=self.fresh_identity, **self.dht_args)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -92,21 +93,37 @@ def svg_bars(counts: dict[int, int], title: str, x_label: str) -> str:
     return _frame(title, body, x_label)
 
 
+def nice_ticks(lo: float, hi: float, most: int = 5) -> list[float]:
+    """At most about ``most`` evenly spaced round values (steps of 1, 2, 2.5 or 5 times a power of ten) from one at
+    or below ``lo`` to one at or above ``hi``: ``nice_ticks(0, 1) == [0, 0.25, 0.5, 0.75, 1]``."""
+    span = hi - lo if hi > lo else (abs(lo) or 1.0)
+    raw = span / max(1, most - 1)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw * (1 - 1e-9))
+    start, end = math.floor(lo / step + 1e-9) * step, math.ceil(hi / step - 1e-9) * step
+    end = end if end > start else start + step
+    return [round(start + i * step, 12) for i in range(round((end - start) / step) + 1)]
+
+
 def svg_lines(series: dict[str, list[tuple[float, float]]], title: str, x_label: str,
               y_range: tuple[float, float] | None = None) -> str:
-    """One polyline with a circle per point for each named series of (x, y) points."""
+    """One polyline with a circle per point for each named series of (x, y) points. The y axis spans
+    ``y_range`` widened to the data (the data alone without it) at round ticks (``nice_ticks``), each labelled
+    with a light grid line, so a small wobble looks small."""
     pts = [p for s in series.values() for p in s]
     if not pts:
         return _frame(title, [f'<text x="{W / 2}" y="{H / 2}" text-anchor="middle" font-size="11">no data yet</text>'],
                       x_label)
     x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
-    y0, y1 = y_range or (min(p[1] for p in pts), max(p[1] for p in pts))
-    x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
+    lo, hi = min(p[1] for p in pts), max(p[1] for p in pts)
+    ticks = nice_ticks(min(lo, y_range[0]), max(hi, y_range[1])) if y_range else nice_ticks(lo, hi)
+    y0, y1 = ticks[0], ticks[-1]
+    x1 = x1 if x1 > x0 else x0 + 1
     sx = lambda x: PAD + 4 + (W - PAD - 16) * (x - x0) / (x1 - x0)  # noqa: E731
     sy = lambda y: H - PAD - (H - PAD - 30) * (y - y0) / (y1 - y0)  # noqa: E731
-    body = [f'<text x="{PAD - 4}" y="30" text-anchor="end" font-size="10">{y1:.3g}</text>',
-            f'<text x="{PAD - 4}" y="{H - PAD}" text-anchor="end" font-size="10">{y0:.3g}</text>',
-            f'<text x="{PAD}" y="{H - PAD + 12}" font-size="10">{x0:g}</text>',
+    body = [f'<line class="tick" x1="{PAD}" y1="{sy(t):.1f}" x2="{W - 8}" y2="{sy(t):.1f}" stroke="#eee"/>'
+            f'<text x="{PAD - 4}" y="{sy(t) + 3:.1f}" text-anchor="end" font-size="10">{t:g}</text>' for t in ticks]
+    body += [f'<text x="{PAD}" y="{H - PAD + 12}" font-size="10">{x0:g}</text>',
             f'<text x="{W - 8}" y="{H - PAD + 12}" text-anchor="end" font-size="10">{x1:g}</text>']
     for i, (name, s) in enumerate(series.items()):
         color = COLORS[i % len(COLORS)]
@@ -283,7 +300,8 @@ def render_page(snap: dict | None, history: History, refresh_s: float, error: st
     acc = {n: [(x, a) for x, _, a in c if a is not None] for n, c in curves.items()}
     out.append('<h2>Health</h2><div class="plots">'
                + svg_bars(dict(lags), "samplers by version lag", "versions behind the latest")
-               + svg_lines({n: s for n, s in reward.items() if s}, "reward (learners, per version)", "version")
+               + svg_lines({n: s for n, s in reward.items() if s}, "reward (learners, per version)", "version",
+                           (0.0, 1.0))  # a reward in [0, 1] (the shipped tasks') on its whole range
                + svg_lines({n: s for n, s in acc.items() if s}, "held-out accuracy (learners)", "version", (0.0, 1.0))
                + "</div>")
     out += render_metrics(snap, scraped or {})

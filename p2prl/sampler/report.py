@@ -7,7 +7,6 @@ snapshots and summaries (tests/unit/test_sampler_report.py).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -56,19 +55,15 @@ class SamplerProgress:
         self.bar = None
         self.last = self.clock()
         self.last_made = 0
-        self._stack = contextlib.ExitStack()
 
     def start(self, s: SamplerSnapshot) -> None:
         self.last, self.last_made = self.clock(), s.made
         if not self.show:
             return
-        from tqdm.contrib.logging import logging_redirect_tqdm
-
         from p2prl.metrics import progress_bar
 
-        self.bar = progress_bar(desc="sampler", unit=" groups", initial=s.made)
+        self.bar = progress_bar(desc="sampler", unit=" groups", initial=s.made)  # log lines go above it
         self.bar.set_postfix_str(progress_postfix(s))
-        self._stack.enter_context(logging_redirect_tqdm())  # a log line goes above the bar, not through it
 
     def update(self, s: SamplerSnapshot) -> None:
         now = self.clock()
@@ -94,18 +89,33 @@ class SamplerProgress:
                 self.bar.update(s.made - self.bar.n)
             self.bar.close()
             self.bar = None
-        self._stack.close()
 
 
-def version_ranges(versions) -> str:
-    """``v0-3, v5, v7-9``: versions in ranges of consecutive ones, in order."""
+RANGES_LISTED = 6  # a summary lists at most this many ranges of loaded versions; more are summed up
+
+
+def _spans(versions) -> list[list[int]]:
     out: list[list[int]] = []
     for v in sorted(set(versions)):
         if out and v == out[-1][1] + 1:
             out[-1][1] = v
         else:
             out.append([v, v])
-    return ", ".join(f"v{a}" if a == b else f"v{a}-{b}" for a, b in out)
+    return out
+
+
+def _said(spans: list[list[int]]) -> str:
+    return ", ".join(f"v{a}" if a == b else f"v{a}-{b}" for a, b in spans)
+
+
+def version_ranges(versions, most: int = RANGES_LISTED) -> str:
+    """``v0-3, v5, v7-9``: versions in ranges of consecutive ones, in order; past ``most`` ranges (a sampler that
+    skips versions), how many of which span, and the last ranges: ``120 of v0-255, the last v250, v252-255``."""
+    spans = _spans(versions)
+    if len(spans) <= most:
+        return _said(spans)
+    n = sum(b - a + 1 for a, b in spans)
+    return f"{n} of v{spans[0][0]}-{spans[-1][1]}, the last {_said(spans[-(most // 2):])}"
 
 
 def format_summary(summary: dict) -> str:
@@ -134,8 +144,10 @@ def format_summary(summary: dict) -> str:
     if summary.get("weights/loaded"):
         listed = summary.get("versions_loaded", [])
         more = "..., " if summary["weights/loaded"] > len(listed) else ""  # only the most recent are listed
+        said = version_ranges(listed) if listed else ""
+        more = more if said.startswith("v") else ""  # "n of vA-B" says itself which span it counts
         lines.append(f"  {summary['weights/loaded']} policy version(s) loaded, the last "
-                     f"v{summary.get('policy_version', 0)}" + (f": {more}{version_ranges(listed)}" if listed else ""))
+                     f"v{summary.get('policy_version', 0)}" + (f": {more}{said}" if said else ""))
     lines.append("  (`--json` prints this summary as JSON)")
     return "\n".join(lines)
 

@@ -39,8 +39,8 @@ PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
 RUN_FILE = "run.json"  # in train.out_dir: the run its learner was part of
 WAIT_LOG_S = 60.0  # a learner waiting for the run to join says so again this often
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
-OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "weight_decay",
-              "max_grad_norm")
+OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "lr_steps",
+              "weight_decay", "max_grad_norm")
 
 
 class RunConfigMismatch(ConfigError):
@@ -58,10 +58,20 @@ def lora_settings(cfg: Config) -> dict:
 def run_config(cfg: Config, task: Task) -> RunConfigRecord:
     """This peer's view of the run's config."""
     return RunConfigRecord(
-        model=model_hash(cfg.model.path), lora=lora_settings(cfg), task=task.fingerprint(),
+        model=model_hash(cfg.model.path), model_path=cfg.model.path[-512:], lora=lora_settings(cfg),
+        task=task.fingerprint(),
         sampling={k: v for k, v in cfg.sampling.model_dump().items() if k not in PEER_LOCAL},
         algo=cfg.algo.model_dump(), optim={k: getattr(cfg.train, k) for k in OPTIM_KEYS},
     )
+
+
+def model_difference(run: RunConfigRecord, mine: RunConfigRecord) -> str:
+    """The model line of ``differences``: both folders by name, with the start of their sha256."""
+    def named(rec: RunConfigRecord) -> str:
+        return f"{rec.model_path!r} (sha256 {rec.model[:12]})" if rec.model_path else f"sha256 {rec.model[:12]}"
+
+    return (f"model: the run's learner loaded {named(run)}, this peer loaded {named(mine)}: their weights, "
+            "tokenizer or model config differ (use a copy of the run's model folder)")
 
 
 def differences(run: RunConfigRecord, mine: RunConfigRecord, sections: tuple[str, ...]) -> list[str]:
@@ -69,7 +79,9 @@ def differences(run: RunConfigRecord, mine: RunConfigRecord, sections: tuple[str
     out = []
     for s in sections:
         a, b = getattr(run, s), getattr(mine, s)
-        if isinstance(a, dict):
+        if s == "model" and a != b:
+            out.append(model_difference(run, mine))
+        elif isinstance(a, dict):
             out += [f"{s}.{k}: the run has {a.get(k)!r}, this peer has {b.get(k)!r}"
                     for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
         elif a != b:

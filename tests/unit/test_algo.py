@@ -674,8 +674,10 @@ def test_each_objective_says_its_loss_arguments_chunking_clip_and_defaults():
     assert (grpo.clip_eps(), gspo.clip_eps(), gepo.clip_eps()) == (0.3, 0.15, 0.3)
     assert [o.token_weighted for o in (grpo, gspo, gepo)] == [True, False, False]
     assert [o.scale_std for o in (grpo, gspo, gepo)] == [True, True, False]  # GEPO: off, as in the paper
-    m = {"loss/kl_k3": 0.00123, "loss/is_weight_var": 0.5}
-    assert gepo.progress(m) == "kl 1.23e-03 wvar 5.00e-01"
+    m = {"loss/kl_k1": 0.00123, "loss/kl_k3": 4.2e6, "loss/is_weight_var": 0.5}
+    assert gepo.progress(m) == "kl 0.001 wvar 5.00e-01"  # the mean log-ratio, not the raw k3
+    assert gepo.progress({**m, "loss/kl_k1": -2e-9}) == "kl 0.000 wvar 5.00e-01"  # float noise at lag 0
+    assert gepo.progress({**m, "loss/kl_k1": -0.02}) == "kl -0.020 wvar 5.00e-01"
 
 
 @pytest.mark.parametrize("name", ["grpo", "gspo", "gepo"])
@@ -691,3 +693,20 @@ def test_each_objective_drives_its_loss_with_the_config_section(name):
     a0 = AlgoConfig(name=name)
     _, m0 = a0.objective().loss(logp, logq, mask, adv, 4)
     close(m0["loss"], m0["pg_loss"])  # default: no KL term
+
+
+def test_the_shown_kl_is_the_mean_log_ratio_where_k3_explodes():
+    """One token the learner finds e^15 times less likely than the sampler did: k3 reaches ~3e5, the progress
+    line's ``kl`` (the mean per-token log q - log p) reads 1.5 nats; the raw k3 stays in the metrics."""
+    logq = torch.zeros(2, 10, dtype=F64)
+    logp = torch.zeros(2, 10, dtype=F64)
+    logp[0, 3] = -15.0
+    mask = torch.ones(2, 10, dtype=torch.bool)
+    _, m = gepo_loss(logp, logq, mask, t64([1.0, -1.0]), GepoOptions(group_size=2))
+    close(m["kl_k1"], 15.0 / 10 / 2)
+    close(m["kl_k3"], (math.expm1(15.0) - 15.0) / 10 / 2)
+    assert m["kl_k3"] > 1e5
+    from p2prl.config import AlgoConfig
+
+    gepo = OBJECTIVES["gepo"](AlgoConfig())
+    assert gepo.progress({f"loss/{k}": v for k, v in m.items()}).startswith("kl 0.750 wvar ")

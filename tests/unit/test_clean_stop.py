@@ -37,7 +37,8 @@ def test_p2pds_closed_socket_line_is_dropped_and_its_other_lines_pass(hivemind_l
     p2prl_log.drop_known_shutdown_lines()
     p2prl_log.drop_known_shutdown_lines()  # once only
     p2pd = logging.getLogger(p2prl_log.P2PD_LOGGER)
-    assert sum(isinstance(f, p2prl_log.DropLines) for f in p2pd.filters) == 1
+    assert sum(isinstance(f, p2prl_log.DropLines) and f.parts == p2prl_log.P2PD_SHUTDOWN_LINE
+               for f in p2pd.filters) == 1
     p2pd.error("error accepting connection: accept unix /tmp/hivemind-p2pd-x.sock: use of closed network connection")
     p2pd.error("error accepting connection: too many open files")
     p2pd.warning("failed to dial: no route")

@@ -34,6 +34,18 @@ def test_help_lists_every_config_section_and_points_to_config_show(capsys, comma
     assert set(Config.model_fields) == {line.split()[0] for line in CONFIG_EPILOG.splitlines()[1:-1]}
 
 
+def test_join_help_describes_the_role_the_run_id_and_who_needs_initial_peers(capsys):
+    code, out, _ = run(capsys, "join", "--help")
+    flat = " ".join(out.split())
+    assert code == 0
+    assert "--role {sampler,learner} sampler: generates groups of completions" in flat and "learner: verifies" in flat
+    assert "--run-id RUN_ID (default p2prl-default) the run to take part in (net.run_id). It must match the run's" \
+        in flat
+    assert "Required for samplers and for learners with --join" in flat
+    _, status, _ = run(capsys, "status", "--help")  # the shared flags keep their general words elsewhere
+    assert "Required for samplers" not in " ".join(status.split())
+
+
 def test_config_show_prints_every_key_with_bound_default_value_and_description(capsys, tmp_path):
     f = tmp_path / "c.toml"
     f.write_text("[algo]\nname = 'grpo'\n")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from p2prl.config import ConfigError, load_config
@@ -94,3 +96,33 @@ def test_run_identity_of_shipped_configs_is_unchanged(name, digest):
     # saved with them still resumes): the rest is unchanged
     ident["sampling"] |= {"backend": "transformers", "vllm_dtype": "float32", "vllm_kv_cache_gib": 0.0}
     assert hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest() == digest
+
+
+def test_a_typo_in_a_config_file_names_the_file_and_its_line(tmp_path):
+    run = tmp_path / "run.toml"
+    run.write_text('# my run\n[model]\npath = "builtin"\n\n[train]\nstpes = 10\nlr = 1e-4\n')
+    with pytest.raises(ConfigError) as e:
+        load_config(run, ["train.lr=-1"])
+    lines = str(e.value).splitlines()
+    assert lines[0] == "invalid config:"
+    assert f"  {run}, line 6: train.stpes: unknown key (did you mean 'train.steps'?)" in lines
+    assert any(line.startswith("  override train.lr: ") for line in lines), lines  # the command line's, not the file's
+    run.write_text('train.stpes = 10\n')
+    with pytest.raises(ConfigError, match=rf"  {re.escape(str(run))}, line 1: train\.stpes: unknown key"):
+        load_config(run)
+
+
+def test_lr_steps_keeps_a_schedule_when_train_steps_is_raised(capsys):
+    from p2prl.cli import main
+    from p2prl.learner.core import lr_factor
+
+    tuned = load_config(None, ["train.steps=100", "train.lr_schedule=cosine"]).train
+    longer = load_config(None, ["train.steps=1000", "train.lr_schedule=cosine"]).train  # stretched: higher for longer
+    kept = load_config(None, ["train.steps=1000", "train.lr_schedule=cosine", "train.lr_steps=100"]).train
+    assert lr_factor(longer, 99) > 0.9 > lr_factor(tuned, 50) > lr_factor(tuned, 99) == pytest.approx(0.1)
+    assert [lr_factor(kept, s) for s in range(100)] == [lr_factor(tuned, s) for s in range(100)]
+    assert all(lr_factor(kept, s) == pytest.approx(0.1) for s in (99, 100, 500, 999))  # then lr_min_frac x lr
+    assert main(["config", "show"]) == 0
+    flat = " ".join(capsys.readouterr().out.split())
+    assert "raising steps in a copied config (or to go on with a run) stretches them" in flat
+    assert "Set, raising train.steps leaves the schedule as it is" in flat

@@ -259,3 +259,16 @@ def test_the_monitor_serves_its_bootstraps_and_the_runs_trust(run_record):
     assert state["snapshot"]["trust"]["mode"] == "authority" and not state["snapshot"]["trust"]["verified"]
     page = mon.page()
     assert '<p id="trust" class="authority">trust: authority run, not verified' in page
+
+
+def test_the_charts_y_axis_has_round_ticks_and_a_reward_keeps_its_whole_range():
+    from p2prl.ops.monitor import nice_ticks, svg_lines
+
+    assert nice_ticks(0, 1) == [0, 0.25, 0.5, 0.75, 1]
+    assert nice_ticks(0.47, 0.53) == [0.46, 0.48, 0.5, 0.52, 0.54]
+    assert nice_ticks(3, 3) == [3, 4]  # one value: still an axis
+    assert nice_ticks(-0.2, 1.0) == [-0.5, 0, 0.5, 1]
+    svg = svg_lines({"learner": [(1, 0.47), (2, 0.53)]}, "reward (learners, per version)", "version", (0.0, 1.0))
+    labels = re.findall(r'text-anchor="end" font-size="10">([^<]+)</text>', svg)
+    assert labels[:5] == ["0", "0.25", "0.5", "0.75", "1"], labels  # two points 0.06 apart do not fill it
+    assert svg.count('class="tick"') == 5

@@ -57,7 +57,7 @@ def test_the_progress_line_shows_the_objectives_metrics(toy):
     assert progress_line(m, 0.75, toy(load_config(None, [f"algo.name={toy.name}"]).algo)) == (
         "v3 reward 0.50 acc 0.750 surrogate 2.50e-01 lag 1.0")
     gepo = load_config(None).algo.objective()
-    with pytest.raises(KeyError, match="loss/kl_k3"):  # GEPO shows the KL, which it always reports
+    with pytest.raises(KeyError, match="loss/kl_k1"):  # GEPO shows the KL, which it always reports
         progress_line(m, 0.75, gepo)
 
 

@@ -24,6 +24,9 @@ def test_exit_reason_and_log_tail(tmp_path):
     log = tmp_path / "x.log"
     log.write_text("".join(f"line {i}\n\n" for i in range(50)))
     assert log_tail(log, 3) == "line 47\nline 48\nline 49"
+    long = tmp_path / "long.log"
+    long.write_text("x" * 70_000 + " cut\nwhole line\n")  # the last 64 KiB start mid-line: that part is left out
+    assert log_tail(long) == "whole line"
     assert log_tail(tmp_path / "none.log").startswith("(no log: ")
     (tmp_path / "empty.log").write_text("")
     assert log_tail(tmp_path / "empty.log") == "(the log is empty)"
@@ -86,6 +89,16 @@ def test_watch_returns_the_learners_code_and_lets_further_learners_finish(swarm,
     sh(swarm, "learner", "exit 2")
     assert watch(swarm, "learner", maddrs, may_finish=frozenset({"learner1"}), poll_s=0.05) == 2
     assert "learner died (exit code 2)" in capsys.readouterr().err
+
+
+def test_watch_does_not_quote_again_a_learner_whose_error_is_on_the_terminal(swarm, maddrs, capsys):
+    sh(swarm, "bootstrap", "exec sleep 60")
+    sh(swarm, "learner", "echo 'p2prl join: error: the disk is full' >&2; exit 2")
+    assert watch(swarm, "learner", maddrs, poll_s=0.05, on_terminal=frozenset({"learner"})) == 2
+    err = capsys.readouterr().err
+    log = swarm.logs / "learner.log"
+    assert f"p2prl swarm up: learner died (exit code 2); its last lines are above, its log is {log}\n" in err, err
+    assert "the disk is full" not in err, err  # (here it went to the log: under swarm up, to the terminal)
 
 
 def test_watch_gives_up_on_a_bootstrap_that_does_not_start(swarm, tmp_path, capsys):

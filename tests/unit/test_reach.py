@@ -112,7 +112,11 @@ def test_dial_errors_are_told_apart():
                "4001] dial tcp4 127.0.0.1:4001: connect: connection refused")
     assert classify_dial_error(m, refused) == (
         f"{m}: nothing listens at 127.0.0.1:4001; is the bootstrap running, is that its port?")
-    assert "no answer from 127.0.0.1:4001" in classify_dial_error(m, "timeout")
+    assert classify_dial_error(m, "timeout") == (
+        f"{m}: no answer from 127.0.0.1:4001 on this machine: something listens there but did not answer as a libp2p "
+        "peer; is the bootstrap stopped or paused, is that its port?")  # no advice about other machines
+    far = f"/ip4/11.0.0.1/tcp/4001/p2p/{OTHER}"
+    assert "127.0.0.1 works on its own machine only" in classify_dial_error(far, "timeout")
     assert "no route" in classify_dial_error(m, "dial tcp4: connect: no route to host")
     assert "answers at 127.0.0.1:4001" in classify_dial_error(m, "")
     assert reach.hostport("/ip6/::1/tcp/5/p2p/x") == "[::1]:5"
@@ -170,3 +174,21 @@ def test_a_busy_checker_is_asked_again_and_the_first_answer_decides(monkeypatch)
     monkeypatch.setattr(reach, "ask", lambda *a: asyncio.sleep(0, {"error": "limited"}))
     v = asyncio.run(reach.check(None, ["a", "b", "c"], [], [5], timeout_s=10))
     assert v.reachable is None and v.errors == ["a: limited", "b: limited", "c: limited"]  # not asked again
+
+
+def test_an_unreachable_learner_is_refused_with_its_reachability_line_once(caplog):
+    """The refusal carries the line and the fix, and the line is not logged before it too (printed twice)."""
+    from types import SimpleNamespace
+
+    from p2prl.net.dht import BootstrapError
+    from p2prl.net.node import SwarmNode
+
+    mine = [f"/ip4/11.0.0.1/tcp/5/p2p/{PID}"]
+    verdict = Verdict(False, tried=["/ip4/11.0.0.1/tcp/5"], ip="11.0.0.2", answered=2)
+    node = SimpleNamespace(role="learner", transport=SimpleNamespace(visible_maddrs=lambda: mine),
+                           check_reachability=lambda: verdict)
+    with caplog.at_level("DEBUG"), pytest.raises(BootstrapError) as e:
+        SwarmNode.settle_reachability(node)
+    printed = [str(e.value)] + [r.getMessage() for r in caplog.records]
+    assert sum(p.count("reachability: NOT reachable") for p in printed) == 1, printed
+    assert "--announce-maddrs /ip4/11.0.0.2/tcp/5" in str(e.value)

@@ -72,3 +72,21 @@ def test_unwritable_out_dir_is_a_clear_error(tmp_path):
     with pytest.raises(ConfigError, match="train.out_dir='.*file/run' is not a writable folder"):
         writable_dir(blocker / "run", "train.out_dir")
     assert writable_dir(tmp_path / "a" / "b", "train.out_dir").is_dir()
+
+
+def test_a_different_model_is_named_by_both_folders(tmp_path):
+    copy = tmp_path / "my-model"
+    shutil.copytree(BUILTIN_MODEL, copy)
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    run, mine = record(), record(f"model.path={copy}")
+    with pytest.raises(RunConfigMismatch) as e:
+        check({"learner-peer-abcdef": run}, mine, "sampler", "r")
+    line = str(e.value).splitlines()[1].strip()
+    assert line == (f"model: the run's learner loaded 'builtin' (sha256 {run.model[:12]}), this peer loaded "
+                    f"{str(copy)!r} (sha256 {mine.model[:12]}): their weights, tokenizer or model config differ "
+                    "(use a copy of the run's model folder)")
+    shutil.copy(BUILTIN_MODEL / "model.safetensors", weights)  # the same files under another name: the same model
+    check({"l": run}, record(f"model.path={copy}"), "learner", "r")

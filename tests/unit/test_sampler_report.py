@@ -8,7 +8,7 @@ from p2prl.config import load_config
 from p2prl.sampler.loop import Sampler
 from p2prl.sampler.outbox import Outbox
 from p2prl.sampler.report import (SamplerProgress, SamplerSnapshot, format_summary, progress_postfix,
-                                  status_line)
+                                  status_line, version_ranges)
 from p2prl.trust.authority import Trust
 from p2prl.net.dht import PolicyRecord
 
@@ -77,6 +77,15 @@ def test_only_the_first_loaded_version_is_an_info_line_and_loads_are_counted(cap
     assert "\n  3 policy version(s) loaded, the last v3: v0-1, v3\n" in format_summary(summary)
     summary = {"weights/loaded": 9, "policy_version": 12, "versions_loaded": [7, 8, 9, 12]}  # the most recent only
     assert "\n  9 policy version(s) loaded, the last v12: ..., v7-9, v12\n" in format_summary(summary)
+
+
+def test_a_long_run_of_loaded_versions_is_one_short_line():
+    every_other = [v for v in range(256) if v % 2 == 0 or v > 250]
+    summary = {"weights/loaded": 300, "policy_version": 255, "versions_loaded": every_other}
+    line = next(x for x in format_summary(summary).splitlines() if "loaded" in x)
+    assert line == "  300 policy version(s) loaded, the last v255: 131 of v0-255, the last v246, v248, v250-255"
+    assert version_ranges(range(256)) == "v0-255"
+    assert version_ranges([1, 3, 5, 7, 9, 11]) == "v1, v3, v5, v7, v9, v11"  # six ranges: listed
 
 
 def test_the_lag_counts_from_the_newest_version_learners_published():
