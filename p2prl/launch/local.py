@@ -104,8 +104,9 @@ def _indent(text: str) -> str:
     return "\n".join("    " + line for line in text.splitlines())
 
 
-def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool, main: Main,
-             progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0) -> int:
+def _prepare(cfg: Config, fresh: bool, n_learners: int) -> tuple[Path, Path]:
+    """The run's folder (emptied first when ``fresh``) and its logs folder; refused (``check_disk``) before any peer
+    starts when the disk has no room for the learners' checkpoints."""
     out = Path(cfg.train.out_dir)
     if fresh:
         shutil.rmtree(out, ignore_errors=True)
@@ -113,7 +114,13 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
     logs.mkdir(parents=True, exist_ok=True)
     from p2prl.learner.checkpoint import check_disk
 
-    check_disk(cfg, out / "learner", learners=n_learners)  # no room for their checkpoints: said before any peer starts
+    check_disk(cfg, out / "learner", learners=n_learners)
+    return out, logs
+
+
+def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool, main: Main,
+             progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0) -> int:
+    out, logs = _prepare(cfg, fresh, n_learners)
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.net.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
         overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + n_learners))}"]
