@@ -320,45 +320,99 @@ def diagnose(initial_peers: list[str], timeout_s: float = 8.0) -> list[str]:
 
 
 # ---- the dial-back check: wire format -----------------------------------------------------------------
-# its own small frames (not node.py's read_frame / write_frame): this module runs in the DHT's process and is
-# imported by dht.py, which node.py imports
-async def _send(writer, obj) -> None:
-    data = msgpack.packb(obj, use_bin_type=True)
-    writer.write(struct.pack(">I", len(data)) + data)
-    await writer.drain()
-
-
-async def _recv(reader) -> dict:
-    n = struct.unpack(">I", await reader.readexactly(4))[0]
-    if n > MAX_MESSAGE:
-        raise ValueError(f"message of {n} bytes")
-    got = msgpack.unpackb(await reader.readexactly(n), raw=False)
+# its two messages and its own small frames (not node.py's read_frame / write_frame, nor messages.py's types): this
+# module runs in the DHT's process and is imported by dht.py, which messages.py and node.py import
+def _unpack_map(raw: bytes) -> dict:
+    try:
+        got = msgpack.unpackb(raw, raw=False, max_str_len=MAX_MESSAGE, max_array_len=64, max_map_len=16)
+    except Exception as e:
+        raise ValueError(f"not msgpack: {type(e).__name__}") from None
     if not isinstance(got, dict):
         raise ValueError("not a map")
     return got
 
 
+def _strs(value, limit: int, max_chars: int) -> tuple[str, ...]:
+    """The strings of at most ``max_chars`` among the first ``limit`` items of ``value`` (a list; else none)."""
+    return tuple(x for x in value[:limit] if isinstance(x, str) and len(x) <= max_chars) if isinstance(value, list) \
+        else ()
+
+
+@dataclass(frozen=True)
+class CheckRequest:
+    """``PROTOCOL``'s request: the requester's addresses and listen ports to dial it back at. Decoded leniently, as
+    a checker reads it: of the first ``MAX_ADDRS`` addresses and ``MAX_PORTS`` ports, those of the right type and
+    size are kept, the rest ignored."""
+
+    addrs: tuple[str, ...] = ()
+    ports: tuple[int, ...] = ()
+
+    def encode(self) -> bytes:
+        return msgpack.packb({"addrs": list(self.addrs[:MAX_ADDRS]), "ports": list(self.ports[:MAX_PORTS])},
+                             use_bin_type=True)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> CheckRequest:
+        m = _unpack_map(raw)
+        ports = m.get("ports")
+        ports = tuple(p for p in ports[:MAX_PORTS] if isinstance(p, int) and not isinstance(p, bool)
+                      and 0 < p < 65536) if isinstance(ports, list) else ()
+        return cls(_strs(m.get("addrs"), MAX_ADDRS, MAX_MADDR_CHARS), ports)
+
+
+@dataclass(frozen=True)
+class CheckReply:
+    """``PROTOCOL``'s reply: the requester's IP as the checker saw it, and the addresses it dialled (``tried``) and
+    reached (``ok``); or why it did not check (``error``: ``relayed``, ``no_address``, ``busy``, ``limited``)."""
+
+    ip: str = ""
+    tried: tuple[str, ...] = ()
+    ok: tuple[str, ...] = ()
+    error: str = ""
+
+    def encode(self) -> bytes:
+        body = ({"error": self.error} | ({"ip": self.ip} if self.ip else {}) if self.error
+                else {"ip": self.ip, "tried": list(self.tried), "ok": list(self.ok)})
+        return msgpack.packb(body, use_bin_type=True)
+
+    @classmethod
+    def decode(cls, raw: bytes) -> CheckReply:
+        m = _unpack_map(raw)
+        ip, error = m.get("ip"), m.get("error")
+        return cls(ip if isinstance(ip, str) else "", _strs(m.get("tried"), 64, MAX_MADDR_CHARS),
+                   _strs(m.get("ok"), 64, MAX_MADDR_CHARS), str(error)[:40] if error else "")
+
+
+async def _send(writer, message: CheckRequest | CheckReply) -> None:
+    data = message.encode()
+    writer.write(struct.pack(">I", len(data)) + data)
+    await writer.drain()
+
+
+async def _recv(reader, kind: type[CheckRequest] | type[CheckReply]):
+    n = struct.unpack(">I", await reader.readexactly(4))[0]
+    if n > MAX_MESSAGE:
+        raise ValueError(f"message of {n} bytes")
+    return kind.decode(await reader.readexactly(n))
+
+
 # ---- the checker (in a DHT's process) ----------------------------------------------------------------
 
 
-def dial_targets(request: dict, requester: str, observed: str) -> list[str]:
+def dial_targets(request: CheckRequest, requester: str, observed: str) -> list[str]:
     """The addresses a check may dial for ``requester`` whose connection comes from ``observed`` (an IP): its named
     ports at that IP, and its named addresses whose IP is that IP and whose peer id (if any) is its own; at most
-    ``MAX_ADDRS``, as ``/ipX/IP/tcp/PORT``. Anything else in the request is ignored."""
+    ``MAX_ADDRS``, as ``/ipX/IP/tcp/PORT``."""
     ip = ipaddress.ip_address(observed)
     proto = f"ip{ip.version}"
     out: list[str] = []
 
-    def add(port) -> None:
-        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
-            m = f"/{proto}/{ip}/tcp/{port}"
-            if m not in out and len(out) < MAX_ADDRS:
-                out.append(m)
+    def add(port: int | None) -> None:
+        m = f"/{proto}/{ip}/tcp/{port}"
+        if port and m not in out and len(out) < MAX_ADDRS:
+            out.append(m)
 
-    addrs, ports = request.get("addrs", []), request.get("ports", [])
-    for m in addrs[:MAX_ADDRS] if isinstance(addrs, list) else []:
-        if not isinstance(m, str) or len(m) > MAX_MADDR_CHARS:
-            continue
+    for m in request.addrs:
         host, peer = maddr_host(m), maddr_peer(m)
         if host is None or host[0] != proto or (peer is not None and peer != requester):
             continue
@@ -368,7 +422,7 @@ def dial_targets(request: dict, requester: str, observed: str) -> list[str]:
         except ValueError:
             continue
         add(maddr_port(m))
-    for p in ports[:MAX_PORTS] if isinstance(ports, list) else []:
+    for p in request.ports:
         add(p)
     return out
 
@@ -406,23 +460,23 @@ class Checker:
 
     async def _handle(self, info, reader, writer) -> None:
         requester = info.peer_id.to_base58()
-        request = await asyncio.wait_for(_recv(reader), 5)
+        request = await asyncio.wait_for(_recv(reader, CheckRequest), 5)
         host = maddr_host(str(info.addr))
         if host is None or host[0] not in ("ip4", "ip6"):
-            return await _send(writer, {"error": "relayed"})  # a relayed connection: no IP to dial back
+            return await _send(writer, CheckReply(error="relayed"))  # a relayed connection: no IP to dial back
         targets = dial_targets(request, requester, host[1])
         if not targets:
-            return await _send(writer, {"error": "no_address", "ip": host[1]})
+            return await _send(writer, CheckReply(host[1], error="no_address"))
         why = self.admit(requester)
         if why:
-            return await _send(writer, {"error": why, "ip": host[1]})
+            return await _send(writer, CheckReply(host[1], error=why))
         self.busy = True
         try:
             ok = await self.dial(info.peer_id, targets)
         finally:
             self.busy = False
         self.served += 1
-        await _send(writer, {"ip": host[1], "tried": targets, "ok": ok})
+        await _send(writer, CheckReply(host[1], tuple(targets), tuple(ok)))
 
     async def dial(self, peer_id, targets: list[str]) -> list[str]:
         """Which of ``targets`` a fresh daemon reached ``peer_id`` at (empty: none)."""
@@ -464,12 +518,12 @@ class Verdict:
 OpenStream = Callable[[str, str], Awaitable[tuple[asyncio.StreamReader, asyncio.StreamWriter]]]  # (peer id, protocol)
 
 
-async def ask(open_stream: OpenStream, checker: str, addrs: list[str], ports: list[int]) -> dict:
+async def ask(open_stream: OpenStream, checker: str, addrs: list[str], ports: list[int]) -> CheckReply:
     """One checker's reply (raises on failure)."""
     reader, writer = await open_stream(checker, PROTOCOL)
     try:
-        await _send(writer, {"addrs": addrs[:MAX_ADDRS], "ports": ports[:MAX_PORTS]})
-        return await _recv(reader)
+        await _send(writer, CheckRequest(tuple(addrs), tuple(ports)))
+        return await _recv(reader, CheckReply)
     finally:
         writer.close()
 
@@ -495,14 +549,13 @@ async def check(open_stream: OpenStream, checkers: list[str], addrs: list[str], 
                 if isinstance(r, BaseException):
                     v.errors.append(f"{c[-6:]}: {type(r).__name__}")
                     continue
-                if isinstance(r.get("ip"), str) and r["ip"]:
-                    v.ip = r["ip"]
-                if r.get("error"):
-                    v.errors.append(f"{c[-6:]}: {str(r['error'])[:40]}")
+                v.ip = r.ip or v.ip
+                if r.error:
+                    v.errors.append(f"{c[-6:]}: {r.error}")
                     continue
                 v.answered += 1
-                v.tried += [t for t in r.get("tried", []) if isinstance(t, str) and t not in v.tried]
-                v.ok += [t for t in r.get("ok", []) if isinstance(t, str) and t not in v.ok]
+                v.tried += [t for t in r.tried if t not in v.tried]
+                v.ok += [t for t in r.ok if t not in v.ok]
             if v.answered:
                 break
         pause = BUSY_RETRY_S * (0.5 + random.random())

@@ -1,11 +1,15 @@
 """Address scope and filtering, the dial-back check's limits and verdicts, and the join-error classification
 (p2prl/net/reach.py); the network halves are in tests/network/test_reach_dial_back.py and test_nat.py."""
 
+import random
+
+import msgpack
 import pytest
 
 from p2prl.net import reach
 from p2prl.net.dht import dht_kwargs
-from p2prl.net.reach import Checker, Verdict, announce_plan, classify_dial_error, decide, dial_targets, usable
+from p2prl.net.reach import (CheckReply, CheckRequest, Checker, Verdict, announce_plan, classify_dial_error, decide,
+                             dial_targets, usable)
 
 PID = "12D3KooWK5eTcsMfbz8zh9Q83eyL9WB9DWUSEsoz12eAahcgNw4k"
 OTHER = "QmSuJZbJv9Rq7GDpZsf2EdmeajgZFa3Bfy6nXc9jGAb21E"
@@ -55,15 +59,43 @@ def test_announce_plan_pins_the_port_and_announces_the_address_on_the_route_to_t
 
 
 def test_a_check_dials_only_the_requesters_own_ip_at_the_ports_it_named():
+    def req(body) -> CheckRequest:  # as a checker decodes what a requester sent
+        return CheckRequest.decode(msgpack.packb(body))
+
     request = {"addrs": ["/ip4/11.0.0.1/tcp/5", f"/ip4/11.0.0.1/tcp/6/p2p/{PID}", f"/ip4/11.0.0.1/tcp/7/p2p/{OTHER}",
                          "/ip4/8.8.8.8/tcp/53", "/ip4/127.0.0.1/tcp/22", "/dns4/evil.example/tcp/80", 7, "x" * 300],
                "ports": [9, 0, 70000, True, "22"]}
-    assert dial_targets(request, PID, "11.0.0.1") == ["/ip4/11.0.0.1/tcp/5", "/ip4/11.0.0.1/tcp/6",
-                                                      "/ip4/11.0.0.1/tcp/9"]
+    assert dial_targets(req(request), PID, "11.0.0.1") == ["/ip4/11.0.0.1/tcp/5", "/ip4/11.0.0.1/tcp/6",
+                                                           "/ip4/11.0.0.1/tcp/9"]
     many = {"addrs": [f"/ip4/11.0.0.1/tcp/{p}" for p in range(1, 20)], "ports": list(range(100, 120))}
-    assert len(dial_targets(many, PID, "11.0.0.1")) == reach.MAX_ADDRS
-    assert dial_targets({"addrs": "nope", "ports": {"a": 1}}, PID, "11.0.0.1") == []
-    assert dial_targets({"ports": [4001]}, PID, "2001:db8::1") == ["/ip6/2001:db8::1/tcp/4001"]
+    assert len(dial_targets(req(many), PID, "11.0.0.1")) == reach.MAX_ADDRS
+    assert dial_targets(req({"addrs": "nope", "ports": {"a": 1}}), PID, "11.0.0.1") == []
+    assert dial_targets(req({"ports": [4001]}), PID, "2001:db8::1") == ["/ip6/2001:db8::1/tcp/4001"]
+
+
+def test_the_check_messages_keep_their_wire_bytes_and_decode_anything_to_a_message_or_a_value_error():
+    """The dial-back check's two messages: the maps peers sent before they were typed, byte for byte; and whatever
+    bytes come, a message or ValueError."""
+    request = CheckRequest(("/ip4/11.0.0.1/tcp/5",), (4001,))
+    assert request.encode() == msgpack.packb({"addrs": ["/ip4/11.0.0.1/tcp/5"], "ports": [4001]}, use_bin_type=True)
+    assert CheckRequest.decode(request.encode()) == request
+    done = CheckReply("11.0.0.1", ("/ip4/11.0.0.1/tcp/5",), ("/ip4/11.0.0.1/tcp/5",))
+    assert done.encode() == msgpack.packb({"ip": "11.0.0.1", "tried": ["/ip4/11.0.0.1/tcp/5"],
+                                           "ok": ["/ip4/11.0.0.1/tcp/5"]}, use_bin_type=True)
+    assert CheckReply("11.0.0.1", error="busy").encode() == msgpack.packb({"error": "busy", "ip": "11.0.0.1"})
+    assert CheckReply(error="relayed").encode() == msgpack.packb({"error": "relayed"})
+    for reply in (done, CheckReply("11.0.0.1", error="busy"), CheckReply(error="relayed")):
+        assert CheckReply.decode(reply.encode()) == reply
+    rng = random.Random(0)
+    for _ in range(500):
+        raw = bytes(rng.randrange(256) for _ in range(rng.randrange(40)))
+        for kind in (CheckRequest, CheckReply):
+            try:
+                kind.decode(raw)
+            except ValueError:
+                pass
+    junk = CheckReply.decode(msgpack.packb({"ip": 7, "tried": "x", "ok": [1, "a"], "error": ["x" * 90]}))
+    assert junk.ip == "" and junk.tried == () and junk.ok == ("a",) and len(junk.error) == 40
 
 
 def test_a_checker_checks_one_peer_at_a_time_and_each_once_per_interval():
@@ -159,8 +191,8 @@ def test_a_busy_checker_is_asked_again_and_the_first_answer_decides(monkeypatch)
         if checker == "dead":
             raise ConnectionError("gone")
         if len(calls) <= 2:
-            return {"error": "busy", "ip": "11.0.0.1"}
-        return {"ip": "11.0.0.1", "tried": ["/ip4/11.0.0.1/tcp/5"], "ok": []}
+            return CheckReply("11.0.0.1", error="busy")
+        return CheckReply("11.0.0.1", ("/ip4/11.0.0.1/tcp/5",))
 
     monkeypatch.setattr(reach, "ask", ask)
     monkeypatch.setattr(reach, "BUSY_RETRY_S", 0.01)
@@ -171,7 +203,7 @@ def test_a_busy_checker_is_asked_again_and_the_first_answer_decides(monkeypatch)
     v = asyncio.run(reach.check(None, ["boot", "learner", "third"], [], [5], timeout_s=10))
     assert v.reachable is False and calls == ["boot", "learner", "third"]  # the next ones before asking again
     calls.clear()
-    monkeypatch.setattr(reach, "ask", lambda *a: asyncio.sleep(0, {"error": "limited"}))
+    monkeypatch.setattr(reach, "ask", lambda *a: asyncio.sleep(0, CheckReply(error="limited")))
     v = asyncio.run(reach.check(None, ["a", "b", "c"], [], [5], timeout_s=10))
     assert v.reachable is None and v.errors == ["a: limited", "b: limited", "c: limited"]  # not asked again
 
