@@ -38,7 +38,9 @@ def test_sampler_rejoins_through_its_peers_file_when_its_bootstrap_is_dead(peers
              "groups of the restarted sampler trained")
     assert peers.procs["s1b"].poll() is None, peers.log("s1b")
     assert "also dialling" in peers.log("s1b")
-    # the learner keeps one in its out_dir, first written 10 s after it joined (peerbook.SAVE_FIRST_S)
-    wait_for(lambda: peers_in_book(learner / "peers.json"), 30, "the learner's peers file")
-    for name in ("s1b", "learner"):
-        assert peers.stop(name) == 0, peers.log(name)
+    # the learner keeps one in its out_dir: written 10 s after it joined (peerbook.SAVE_FIRST_S), every minute, and
+    # at its stop, which is looked at here (with s1b connected: its groups were trained), so that the machine's pace
+    # (was s1 connected 10 s in?) decides nothing
+    assert peers.stop("learner") == 0, peers.log("learner")
+    assert peers_in_book(learner / "peers.json"), peers.log("learner")
+    assert peers.stop("s1b") == 0, peers.log("s1b")
