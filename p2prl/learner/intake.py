@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
 MAX_TRACKED_SESSIONS = 256  # sampler sessions whose group counters a learner counts (the most recently active)
 SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions evicts only its own)
+SHARING_REFRESH_S = 1.0  # every active sender's share of the queue is judged again this often (``ActiveSenders``)
 
 
 class SessionCounters:
@@ -99,6 +100,62 @@ class SessionCounters:
             out.append((prefix, highest, [((bits >> (b * COUNTER_BLOCK)) & mask).bit_count()
                                           for b in range(top, -1, -1)]))
         return out, len(self.sessions) - len(out)
+
+
+class ActiveSenders:
+    """The samplers that sent records lately, the most recently sent last, and how many of them share the queue.
+
+    Kept in time order so that quiet samplers are forgotten from the front, and with a count of the sharing ones kept
+    as they come, go and are judged (``judge``: ``RolloutIntake.sharing``), so that a learner answers a sampler's room
+    in constant time, whatever the number of samplers. A sampler is judged when it sends and when it asks for its
+    room; all of them again at most every ``refresh_s`` (a reputation also changes with time: a rejection leaves the
+    ban window, a ban ends, another stream's rejections ban a peer). So the count can miss a change of a sampler other
+    than the asker for up to ``refresh_s`` (one sampler more or less in the part each gets) and costs one pass over
+    the active samplers per ``refresh_s`` at most: constant per request amortized, as each of them sent within
+    ``ACTIVE_SENDER_S``. Not thread-safe: the learner's state calls it under its lock."""
+
+    def __init__(self, refresh_s: float = SHARING_REFRESH_S):
+        self.refresh_s = refresh_s
+        self.last: OrderedDict[str, float] = OrderedDict()  # sampler -> when it last sent (monotonic), oldest first
+        self.shares: dict[str, bool] = {}  # sampler -> whether it shares the queue, as last judged
+        self.sharing = 0  # how many of ``last`` share it
+        self.judged = -math.inf  # when every sampler was last judged
+
+    def __len__(self) -> int:
+        return len(self.last)
+
+    def sent(self, peer: str, now: float, sharing: bool) -> None:
+        """``peer`` sends records at ``now``; ``sharing``: how it is judged now."""
+        if self.last and now < next(reversed(self.last.values())):  # out of order (never from a monotonic clock)
+            self.last[peer] = now
+            self.last = OrderedDict(sorted(self.last.items(), key=lambda kv: kv[1]))
+        else:
+            self.last[peer] = now
+            self.last.move_to_end(peer)
+        self.judge(peer, sharing)
+
+    def judge(self, peer: str, sharing: bool) -> None:
+        """``peer``, if active, is now judged ``sharing``."""
+        if peer in self.last:
+            self.sharing += sharing - self.shares.get(peer, False)
+            self.shares[peer] = sharing
+
+    def forget(self, before: float) -> None:
+        """Forget the samplers that sent nothing at or after ``before``."""
+        while self.last:
+            peer, t = next(iter(self.last.items()))
+            if t >= before:
+                return
+            del self.last[peer]
+            self.sharing -= self.shares.pop(peer)
+
+    def count(self, now: float, judge: Callable[[str], bool]) -> int:
+        """How many share the queue, every one judged again by ``judge`` if it is time to."""
+        if now - self.judged >= self.refresh_s:
+            self.judged = now
+            self.shares = {p: judge(p) for p in self.last}
+            self.sharing = sum(self.shares.values())
+        return self.sharing
 
 
 class RolloutIntake:
@@ -166,12 +223,12 @@ class RolloutIntake:
             log.exception("internal error on a record from %s: %s", peer[-6:], e)
             return "rejected", "internal"
 
-    def queue_bounds(self) -> tuple[int, int]:
+    def queue_bounds(self, peer: str | None = None) -> tuple[int, int]:
         """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)
-        and the samplers that sent records in the last ``ACTIVE_SENDER_S``."""
-        active = self.state.senders(time.monotonic() - ACTIVE_SENDER_S)
+        and the samplers that sent records in the last ``ACTIVE_SENDER_S`` and share the queue (``ActiveSenders``;
+        ``peer``, the asker, judged now)."""
         return queue_bounds(self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue,
-                            sum(self.sharing(p) for p in active))
+                            self.state.sharing(time.monotonic(), ACTIVE_SENDER_S, self.sharing, peer))
 
     def step_share(self) -> int:
         """Groups this learner takes a step: its share of ``train.groups_per_step``."""
@@ -185,14 +242,14 @@ class RolloutIntake:
 
     def room(self, peer: str) -> int:
         """Groups ``peer`` may still have admitted before it is answered ``busy``."""
-        return queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share())
+        return queue_room(*self.state.waiting(peer), *self.queue_bounds(peer), batch=self.step_share())
 
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
         (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
         now = time.monotonic()
         # a share of the queue while it sends, unless it sends garbage (``sharing``)
-        self.state.sent(peer, now, forget_before=now - ACTIVE_SENDER_S)
+        self.state.sent(peer, now, forget_before=now - ACTIVE_SENDER_S, sharing=self.sharing(peer))
         out = []
         for data in records:
             busy = self.room(peer) <= 0  # only this thread admits: the room it found is there

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from p2prl.learner.intake import SessionCounters
+from p2prl.learner.intake import ActiveSenders, SessionCounters
 from p2prl.metrics import group_totals
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ class LearnerState:
         self._counts: Counter[str] = ledger.counts  # the learner's one counter (the ledger's buffer counts in it)
         self._changed = threading.Condition()  # the lock; notified on admission
         self._lags: Counter[int] = Counter()  # groups this learner trained, by policy-version lag
-        self._senders: dict[str, float] = {}  # sampler -> when it last sent records (monotonic)
+        self._senders = ActiveSenders()  # the samplers that sent records lately, and which share the queue
         self._sessions = SessionCounters()  # the group counters each sampler session sent
         self._bytes_in = 0  # rollout records received
 
@@ -51,29 +51,37 @@ class LearnerState:
             self._bytes_in += n
 
     # ---- intake: senders, admission, acknowledgements ------------------------------------------------
-    def sent(self, peer: str, now: float, forget_before: float) -> None:
-        """``peer`` sends records at ``now``; samplers quiet since ``forget_before`` are forgotten."""
+    def sent(self, peer: str, now: float, forget_before: float, sharing: bool = True) -> None:
+        """``peer`` sends records at ``now`` (``sharing``: whether it shares the queue, as judged now); samplers quiet
+        since ``forget_before`` are forgotten."""
         with self._changed:
-            self._senders[peer] = now
-            for p in [p for p, t in self._senders.items() if t < forget_before]:
-                del self._senders[p]
+            self._senders.sent(peer, now, sharing)
+            self._senders.forget(forget_before)
 
     def senders(self, since: float) -> list[str]:
-        """The samplers that sent records at or after ``since``."""
+        """The samplers that sent records at or after ``since``, the least recently sent first."""
         with self._changed:
-            return [p for p, t in self._senders.items() if t >= since]
+            return [p for p, t in self._senders.last.items() if t >= since]
+
+    def sharing(self, now: float, active_s: float, judge: Callable[[str], bool], peer: str | None = None) -> int:
+        """How many samplers that sent records in the last ``active_s`` share the queue (``ActiveSenders``);
+        ``peer``, the sampler asking, judged now by ``judge``."""
+        with self._changed:
+            self._senders.forget(now - active_s)
+            if peer is not None:
+                self._senders.judge(peer, judge(peer))
+            return self._senders.count(now, judge)
 
     def samplers_seen(self) -> set[str]:
         """Samplers that sent records lately or whose groups wait here."""
         with self._changed:
-            buffer = self._ledger.buffer
-            return set(self._senders) | {g.sampler for g in [*buffer.pending, *buffer.first]}
+            return set(self._senders.last) | self._ledger.buffer.samplers()
 
     def waiting(self, peer: str) -> tuple[int, int]:
-        """(groups of ``peer`` waiting to be trained, all groups waiting)."""
+        """(groups of ``peer`` waiting to be trained, all groups waiting), counted as groups come and go."""
         with self._changed:
-            waiting = self._ledger.buffer.pending + self._ledger.buffer.first
-            return sum(g.sampler == peer for g in waiting), len(waiting)
+            buffer = self._ledger.buffer
+            return buffer.waiting_of(peer), len(buffer)
 
     def depth(self) -> int:
         """Groups admitted and waiting to be trained."""

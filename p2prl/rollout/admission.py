@@ -25,7 +25,8 @@ Under both rules, groups requeued ``first`` (retrained after their version was l
 another learner's history: they were admitted and trained once, and their samplers were
 told so) are taken before anything else and never dropped.
 
-Every rejection and drop is counted in ``counts``.
+Every rejection and drop is counted in ``counts``. The waiting groups of each sampler are counted as they enter and
+leave the buffer (``waiting_of``), so a learner answers how much room a sampler has in constant time.
 """
 
 from __future__ import annotations
@@ -159,9 +160,30 @@ class AdmissionBuffer:
         self._arrival: dict[str, int] = {}  # group id -> arrival ticket, for waiting groups
         self._picked: dict[str, int | None] = {}  # tickets of the last pick, kept if it is put back
         self._ticket = count()
+        self._by_sampler: Counter[str] = Counter()  # sampler -> its groups in ``pending`` and ``first``
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.first)
+
+    def waiting_of(self, sampler: str) -> int:
+        """Groups of ``sampler`` waiting here (``pending`` and ``first``)."""
+        return self._by_sampler.get(sampler, 0)
+
+    def samplers(self) -> set[str]:
+        """The samplers with groups waiting here."""
+        return set(self._by_sampler)
+
+    def _came(self, groups: list[RolloutGroup]) -> None:
+        for g in groups:
+            self._by_sampler[g.sampler] += 1
+
+    def _went(self, groups: list[RolloutGroup]) -> None:
+        for g in groups:
+            n = self._by_sampler[g.sampler] - 1
+            if n > 0:
+                self._by_sampler[g.sampler] = n
+            else:
+                del self._by_sampler[g.sampler]
 
     def check(self, g: RolloutGroup, learner_version: int) -> None:
         """Raise ``RecordError`` if ``g`` is a duplicate or outside the window."""
@@ -178,6 +200,7 @@ class AdmissionBuffer:
         self.check(g, learner_version)
         self.seen.add(g.group_id)
         self.pending.append(g)
+        self._came([g])
         self._arrival[g.group_id] = next(self._ticket)
         self._new_since_pick = True
         self.counts["admitted"] += 1
@@ -193,6 +216,7 @@ class AdmissionBuffer:
                 else:
                     self.counts["dropped_stale"] += 1
                     self._arrival.pop(g.group_id, None)
+                    self._went([g])
                     self.on_drop(g)
             return out
 
@@ -215,10 +239,13 @@ class AdmissionBuffer:
             self.rule.put_back()
         queued = {g.group_id for g in self.first}
         again = [g for g in groups if g.group_id in self.retrain and g.group_id not in queued]
-        self.first.extend({g.group_id: g for g in again}.values())  # never one group twice: it would be trained twice
+        again = list({g.group_id: g for g in again}.values())  # never one group twice: it would be trained twice
+        self.first.extend(again)
+        self._came(again)
         rest = [g for g in groups if g.group_id not in self.retrain]
         if rest:
             self.pending.extend(rest)
+            self._came(rest)
             for g in rest:  # a group of the last pick keeps its place in the arrival order
                 ticket = self._picked.get(g.group_id)
                 self._arrival[g.group_id] = next(self._ticket) if ticket is None else ticket
@@ -226,6 +253,7 @@ class AdmissionBuffer:
 
     def forget_trained(self, ids: set[str]) -> None:
         """Groups trained elsewhere (another learner's share of a round): never admit or select them here."""
+        self._went([g for g in [*self.pending, *self.first] if g.group_id in ids])
         self.pending = [g for g in self.pending if g.group_id not in ids]
         self.first = [g for g in self.first if g.group_id not in ids]
         self.retrain -= ids
@@ -247,6 +275,7 @@ class AdmissionBuffer:
             return None
         taken, self.pending = picked
         batch, self.first = self.first[:n] + taken, self.first[n:]
+        self._went(batch)
         self._new_since_pick = False
         self._picked = {g.group_id: self._arrival.pop(g.group_id, None) for g in batch}
         return batch

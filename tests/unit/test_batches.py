@@ -109,6 +109,12 @@ class Buffer(list):
     def first(self):
         return []
 
+    def waiting_of(self, sampler):
+        return sum(g.sampler == sampler for g in self)
+
+    def samplers(self):
+        return {g.sampler for g in self}
+
 
 def fake_learner(waiting, others=0, **overrides) -> RolloutIntake:
     """A learner's intake with ``waiting`` groups queued, one of ``1 + others`` learners; its ``admit`` queues what

@@ -78,8 +78,7 @@ def test_samplers_seen_are_those_that_sent_groups_not_those_only_announced():
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.record import Limits
 
-    buffer = SimpleNamespace(pending=[SimpleNamespace(sampler="sent")],  # queued: still counts
-                             first=[SimpleNamespace(sampler="quiet-for-a-minute")])
+    buffer = SimpleNamespace(samplers=lambda: {"sent", "quiet-for-a-minute"})  # groups queued: they still count
     state = LearnerState(SimpleNamespace(buffer=buffer, counts={}))
     intake = RolloutIntake(load_config(None, []).flow, 4, Limits(), state, verifier=None, spot=None, reputation=None,
                            version=lambda: 0, latest=lambda: None, learners=lambda: 1)
