@@ -374,6 +374,11 @@ class FlowConfig(_Section):
     version's sha256."""
     outbox_limit: int = Field(1024, ge=1, le=1_000_000)
     """Unacknowledged groups a sampler keeps before it pauses."""
+    skip_uniform_groups: bool = True
+    """A learner whose queue already holds its next step drops a group whose rewards are all equal (every advantage
+    0: no signal) instead of queueing it, and answers it `dropped` (reason `uniform`); while it lacks groups for its
+    next step it trains them as before (so a learner short of samplers never waits longer). false: always train them
+    (the paper's authors did)."""
 
 
 class RoundsConfig(_Section):

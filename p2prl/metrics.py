@@ -121,11 +121,13 @@ def read_jsonl(path: Path) -> list[dict]:
 
 def group_totals(counts: dict, trained: int) -> dict[str, int]:
     """Groups trained, dropped (as stale, in the queue or on arrival: the staleness rule at work; or waiting when their
-    sampler was banned) and rejected (every other reason) from admission counts."""
+    sampler was banned) and rejected (every other reason) from admission counts; and, where there are any, dropped as
+    uniform (rewards all equal: no signal; not among the dropped)."""
     stale = int(counts.get("rejected/stale", 0))
     dropped = int(counts.get("dropped_stale", 0) + counts.get("dropped_banned", 0)) + stale
-    return {"trained": trained, "dropped": dropped,
-            "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/"))) - stale}
+    out = {"trained": trained, "dropped": dropped,
+           "rejected": int(sum(c for k, c in counts.items() if k.startswith("rejected/"))) - stale}
+    return out | ({"uniform": int(counts["dropped_uniform"])} if counts.get("dropped_uniform") else {})
 
 
 def accuracy_points(rows: list[dict], base: tuple[int, float] | None = None) -> list[tuple[int, float]]:
@@ -193,7 +195,8 @@ def format_summary(summary: dict, what: str) -> str:
         lines.append(f"  {summary['lost_at_restart']} version(s) past its last checkpoint were lost at the restart "
                      "(train.checkpoint_every bounds this)")
     g = summary["groups"]
-    lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected")
+    lines.append(f"  groups: {g['trained']} trained, {g['dropped']} dropped as stale, {g['rejected']} rejected"
+                 + (f", {g['uniform']} dropped as uniform (rewards all equal: no signal)" if g.get("uniform") else ""))
     names = {"metrics": "metrics", "plot": "plot", "checkpoint": "checkpoint", "log": "log", "summary": "summary"}
     for k, label in names.items():
         if k in summary.get("paths", {}):

@@ -20,7 +20,8 @@ from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Callable
 
-from p2prl.rollout.record import Limits, RecordError, decode_group
+from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
+from p2prl.rollout.signal import uniform
 from p2prl.rollout.verify import MAX_COUNTER_DIGITS
 from p2prl.net.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
 from p2prl.net.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, MessageError, RolloutReply,
@@ -191,7 +192,8 @@ class RolloutIntake:
     # ---- admission (on the admission thread) ----------------------------------------------------------
     def admit(self, data: bytes, peer: str) -> tuple[str, str]:
         """Decode, verify and admit one record from ``peer``; never raises. Every rejection counts
-        against ``peer``'s reputation (a record of a peer banned meanwhile is refused as ``banned``)."""
+        against ``peer``'s reputation (a record of a peer banned meanwhile is refused as ``banned``); a group with no
+        signal may be dropped unqueued (``skips_uniform``), which does not."""
         try:
             if self.reputation.banned(peer):
                 self.reputation.refuse("rollout")
@@ -201,6 +203,9 @@ class RolloutIntake:
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
             self.state.check(g, self.version())
             self.verifier.check(g)  # recomputes the rewards
+            if self.skips_uniform(g):  # no signal, and the next step is covered: not queued nor spot checked
+                self.state.drop_uniform(g)
+                return "dropped", "uniform"
             if self.spot.wants(g.group_id, peer):
                 self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
             self.state.admit(g, self.version())
@@ -222,6 +227,12 @@ class RolloutIntake:
             self.state.count("rejected/internal")
             log.exception("internal error on a record from %s: %s", peer[-6:], e)
             return "rejected", "internal"
+
+    def skips_uniform(self, g: RolloutGroup) -> bool:
+        """Whether ``g`` (its rewards verified) is dropped unqueued: its rewards are all equal (no advantage), the
+        learner drops such groups (``flow.skip_uniform_groups``) and its queue already holds its next step. A group
+        sent is counted read whatever becomes of it (``SessionCounters``): dropping it hides no withholding."""
+        return self.flow.skip_uniform_groups and uniform(g.rewards) and self.state.depth() >= self.step_share()
 
     def queue_bounds(self, peer: str | None = None) -> tuple[int, int]:
         """(per sampler, in all): waiting groups kept, from what this learner takes a step (``queue_bounds``)

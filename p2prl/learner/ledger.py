@@ -184,6 +184,13 @@ class GroupLedger:
             self.states[gid] = DROPPED
         return len(ids)
 
+    def drop_uniform(self, g: RolloutGroup) -> None:
+        """``g`` (checked, verified) has rewards all equal and is not trained: answered ``dropped``, never queued (a
+        resend is a duplicate), counted as ``dropped_uniform``."""
+        self.buffer.seen.add(g.group_id)
+        self.states[g.group_id] = DROPPED
+        self.counts["dropped_uniform"] += 1
+
     def _dropped(self, g: RolloutGroup) -> None:
         self.states[g.group_id] = DROPPED
 

@@ -81,6 +81,7 @@ def families(r: LearnerReport) -> list:
     groups.update({(k[0], ""): n for k, n in by.pop("", {}).items() if not k[0].startswith("dropped_")})
     groups[("dropped", "stale")] = r.counts.get("dropped_stale", 0)
     groups[("dropped", "banned")] = r.counts.get("dropped_banned", 0)
+    groups[("dropped", "uniform")] = r.counts.get("dropped_uniform", 0)
     groups.update({("rejected", "/".join(filter(None, k))): n for k, n in by.pop("rejected", {}).items()})
     trust = {**{f"trust/{k}": n for k, n in r.authority.items()}, **r.bans_and_limits, **r.spot}
     return [

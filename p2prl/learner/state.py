@@ -100,6 +100,11 @@ class LearnerState:
             self._ledger.admit(g, version)
             self._changed.notify_all()
 
+    def drop_uniform(self, g: RolloutGroup) -> None:
+        """``g`` (checked, verified) has rewards all equal: dropped, not queued (``GroupLedger.drop_uniform``)."""
+        with self._changed:
+            self._ledger.drop_uniform(g)
+
     def reject(self, reason: str, banned: str | None = None) -> int:
         """Count a rejected record; ``banned``: its sampler, banned by it, whose waiting groups are dropped. How many
         records were rejected for ``reason`` so far."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 
 import numpy as np
 
@@ -25,6 +26,7 @@ class SamplerCore:
         self.prefix = f"{peer_id}/{session}" if session else peer_id
         self.version, self.weights_sha256 = 0, ""
         self.groups_made = 0
+        self.generation_s = 0.0  # seconds spent generating and scoring groups
 
     def load(self, blob: bytes | bytearray, version: int, sha256: str) -> None:
         """Load verified safetensors weights for ``version`` into the generation model (the safetensors
@@ -43,7 +45,7 @@ class SamplerCore:
 
     def rollout(self, prompt_ids: list[int]) -> list[RolloutGroup]:
         """One group per prompt id, all generated with the current version."""
-        s = self.cfg.sampling
+        s, t0 = self.cfg.sampling, time.perf_counter()
         problems = [self.task.problem(i) for i in prompt_ids]
         prompts = [render_prompt(self.policy.tokenizer, self.task, p) for p in problems]
         comps = self.generator.generate(prompts, s.group_size, s.max_new_tokens, s.temperature, s.top_k, s.top_p,
@@ -66,4 +68,5 @@ class SamplerCore:
                 )
             )
             self.groups_made += 1
+        self.generation_s += time.perf_counter() - t0
         return groups

@@ -450,6 +450,7 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
         keeper.close()
         node.shutdown()
     outbox = sampler.link.outbox
-    return {"groups_made": sampler.core.groups_made, "unsettled": len(outbox), **outbox.whereabouts(),
+    return {"groups_made": sampler.core.groups_made, "generation_s": round(sampler.core.generation_s, 3),
+            "unsettled": len(outbox), **outbox.whereabouts(),
             "dht_errors": node.records.dht_errors, **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

@@ -4,7 +4,8 @@ A state machine without threads, network or clock (callers pass ``now``), owned 
 thread alone; the loop turns its decisions into requests and feeds the replies back. Its rules are the
 sampler's delivery guarantee:
 
-* a group leaves the outbox only once a learner reports it trained, dropped or rejected;
+* a group leaves the outbox only once a learner reports it trained, dropped or rejected (a learner may answer a
+  group ``dropped`` as it reads it: reason ``uniform``, rewards all equal, no signal to train on);
 * a group a learner may hold (it accepted it, or a batch holding it got no readable reply) is never sent to
   a second learner while that one is a learner of the run: only a learner gone from the run's records, one
   that reports the group unknown, or one that failed ``GIVE_UP_FAILURES`` exchanges in a row lets its
@@ -174,7 +175,7 @@ class Outbox:
             self.free[learner] = 0
 
     def _result(self, p: Pending, learner: str, status: str, reason: str, now: float) -> None:
-        """One group's answer: keep it (sent, busy, learner behind) or drop it (rejected)."""
+        """One group's answer: keep it (sent, busy, learner behind) or drop it (rejected, or dropped at once)."""
         p.learner = None
         if status == "busy":  # the learner holds enough of ours: keep the group, send it again later
             self.counts["send/busy"] += 1
@@ -187,6 +188,10 @@ class Outbox:
             # that learner is behind the swarm (restarted, catching up): keep the group, try again later
             self.counts["send/learner_behind"] += 1
             self.failures[learner] = (1, now + self.backoff(1))
+            return
+        if status == "dropped":  # taken and settled at once: not queued, never to be trained (``uniform``: no signal)
+            self.counts["acked/uniform" if reason == "uniform" else "acked/dropped"] += 1
+            del self.groups[p.group.group_id]
             return
         if status == "rejected":
             self.counts[f"send/rejected/{reason}"] += 1

@@ -131,8 +131,14 @@ def format_summary(summary: dict) -> str:
     head = f"sampler stopped: {made} groups made, {accepted} accepted by learners, {trained} confirmed trained"
     if awaiting:
         head += f", {awaiting} still awaiting the learner's confirmation"
-    lines = [head + "".join(f", {n} {what}" for n, what in ((dropped, "dropped as stale"), (rejected, "rejected"))
-                            if n)]
+    uniform = summary.get("acked/uniform", 0)
+    lines = [head + "".join(f", {n} {what}" for n, what in ((dropped, "dropped as stale"), (rejected, "rejected"),
+                                                            (uniform, "dropped as uniform (rewards all equal: no "
+                                                                      "signal)")) if n)]
+    if summary.get("generation_s"):
+        per = per_trained(summary["generation_s"], trained)
+        each = f"{per:.2f} s per group confirmed trained" if per is not None else "no group confirmed trained"
+        lines.append(f"  generation: {summary['generation_s']:.1f} s in all, {each}")
     if awaiting:
         lines.append(f"  the {awaiting} awaiting confirmation stay with the learner that accepted them: it trains "
                      "them (or drops them as stale) whether or not this sampler runs")
@@ -152,6 +158,12 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def per_trained(generation_s: float, trained: int) -> float | None:
+    """Generation seconds per group confirmed trained (None before the first): what a trained group costs this
+    sampler's GPU, the groups that were not trained (stale, rejected, uniform) included."""
+    return generation_s / trained if trained else None
+
+
 def sampler_metrics(s) -> list:
     """A ``Sampler``'s counters as Prometheus families (``p2prl.prom``), read at scrape time."""
     by = prom.split_counts(s.all_counts())
@@ -162,6 +174,9 @@ def sampler_metrics(s) -> list:
         prom.gauge("outbox_groups", "Groups sent or waiting, not yet acknowledged as trained or dropped",
                    s.view.groups),
         prom.gauge("throughput_groups_per_second", "Groups generated per second (moving average)", s.throughput),
+        prom.counter("generation_seconds", "Seconds spent generating and scoring groups", s.core.generation_s),
+        prom.gauge("generation_seconds_per_trained_group", "Generation seconds per group confirmed trained (0 before "
+                   "the first)", per_trained(s.core.generation_s, s.view.counts.get("acked/trained", 0)) or 0.0),
         prom.gauge("learners", "Learners of the run this sampler knows", len(s.learners)),
         prom.labelled("sampler_events", "Sends, acknowledgements and weight fetches by section, outcome and reason",
                       ["section", "outcome", "reason"],

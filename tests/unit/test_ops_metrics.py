@@ -47,8 +47,8 @@ def test_learner_metrics_read_its_counters():
     assert one("p2prl_policy_version") == 7 and one("p2prl_heldout_accuracy") == 0.5 and one("p2prl_reward_mean") == 0.25
     assert one("p2prl_queue_depth") == 3 and one("p2prl_throughput_groups_per_second") == 1.5
     groups = {dict(k)["outcome"] + ":" + dict(k)["reason"]: v for k, v in m["p2prl_groups_total"].items()}
-    assert groups == {"trained:": 7, "admitted:": 9, "dropped:stale": 2, "dropped:banned": 0, "rejected:stale": 3,
-                      "rejected:logprob_mismatch": 1}
+    assert groups == {"trained:": 7, "admitted:": 9, "dropped:stale": 2, "dropped:banned": 0, "dropped:uniform": 0,
+                      "rejected:stale": 3, "rejected:logprob_mismatch": 1}
     rounds = {tuple(v for _, v in k): n for k, n in m["p2prl_rounds_total"].items()}
     assert rounds == {("no_round", ""): 4, ("bad_member", "non_finite"): 1}
     assert m["p2prl_state_sync_total"] == {(("outcome", "loaded"), ("reason", "")): 1}
@@ -85,12 +85,13 @@ def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
 def test_sampler_metrics_read_its_counters():
     node = SimpleNamespace(peer_id="12D3KooWsampler", records=SimpleNamespace(dht_errors=0),
                            trust=SimpleNamespace(counts=Counter()))
-    sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40))
+    sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40, generation_s=50.0))
     sampler.throughput, sampler.learners, sampler.store.bytes_served = 2.0, [1], 10
     sampler.view = View({"send/accepted": 30, "send/rejected/stale": 2, "acked/trained": 25}, groups=2)  # the loop's
     m = scrape(lambda: sampler_metrics(sampler))
     one = lambda name: next(iter(m[name].values()))  # noqa: E731
     assert one("p2prl_policy_version") == 3 and one("p2prl_groups_made_total") == 40 and one("p2prl_outbox_groups") == 2
+    assert one("p2prl_generation_seconds_total") == 50.0 and one("p2prl_generation_seconds_per_trained_group") == 2.0
     events = {tuple(v for _, v in sorted(k, key=lambda kv: ["section", "outcome", "reason"].index(kv[0]))): n
               for k, n in m["p2prl_sampler_events_total"].items()}
     assert events == {("send", "accepted", ""): 30, ("send", "rejected", "stale"): 2, ("acked", "trained", ""): 25}
