@@ -175,7 +175,8 @@ def test_hostile_records_are_left_out_of_the_peers_read(monkeypatch):
     good = learner_record([(f"{S}/s", 3, [4])])
     bad = msgpack.packb(good.model_dump() | {"peer_id": "12D3KooWbad", "sessions": [[f"{S}/s", 3, [B + 9]]]})
     node = SimpleNamespace(cfg=SimpleNamespace(run_id="test"), trust=SimpleNamespace(authorized=lambda p: True),
-                           _get_dict=lambda k: {"12D3KooWlearner": good.encode(), "12D3KooWbad": bad})
+                           _get_many=lambda keys: [{"12D3KooWlearner": good.encode(), "12D3KooWbad": bad}
+                                                   if k.endswith("/learners") else {} for k in keys])
     assert Records.peers(node) == [good]
 
 
