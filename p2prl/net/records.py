@@ -163,8 +163,9 @@ class Records:
 
     @property
     def sampler_every(self) -> float:
-        """Seconds between a sampler's peer-record announcements: ``net.sampler_heartbeat_s``, or 3 heartbeats."""
-        return self.cfg.sampler_heartbeat_s or 3 * self.cfg.heartbeat_s
+        """Seconds between a sampler's peer-record announcements: ``net.sampler_heartbeat_s``, or 3 heartbeats (at
+        most 300 s: a record lives 3 of them, within ``owned.MAX_TTL_S``)."""
+        return self.cfg.sampler_heartbeat_s or min(3 * self.cfg.heartbeat_s, 300.0)
 
     def record_due(self, now: float | None = None) -> bool:
         """Whether a sampler's peer record is due (the first call, then every ``sampler_every`` seconds); a True

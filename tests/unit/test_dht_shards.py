@@ -11,6 +11,7 @@ from p2prl.net.dht import (HOLDER_SHARDS, PEER_SHARDS, RUNS_KEY, PolicyRecord, h
                            peers_key, shard_of)
 from p2prl.net.records import HOLDERS_WANTED, Records
 from p2prl.net.transport import MemorySwarm, MemoryTransport
+from p2prl.trust import owned
 from p2prl.trust.authority import Trust
 
 RUN = "shards"
@@ -78,7 +79,8 @@ def test_learners_go_under_the_learners_key_samplers_under_their_shard_and_statu
     assert [r.peer_id for r in reader.peers("learner")] == [lr.transport.peer_id]
     assert gets.keys == [learners_key(RUN)]  # what a sampler's heartbeat reads: one small key, whatever N
     everyone = reader.peers()  # `p2prl status`, the monitor: every shard
-    assert sorted(r.peer_id for r in everyone) == sorted([lr.transport.peer_id, *(s.transport.peer_id for s in samplers)])
+    ids = [lr.transport.peer_id, *(s.transport.peer_id for s in samplers)]
+    assert sorted(r.peer_id for r in everyone) == sorted(ids)
     assert len(gets.keys) == 1 + 1 + PEER_SHARDS
     assert {r.peer_id for r in reader.peers("sampler")} == {s.transport.peer_id for s in samplers}
 
@@ -132,6 +134,8 @@ def test_a_samplers_record_is_due_every_sampler_heartbeat_and_lives_three_of_the
     assert s.sampler_every == 3.0
     assert s.record_due(0.0) and not s.record_due(1.0) and not s.record_due(2.9) and s.record_due(3.0)
     assert records(swarm, sampler_heartbeat_s=20.0).sampler_every == 20.0
+    for longest in (dict(heartbeat_s=300.0), dict(sampler_heartbeat_s=300.0)):  # within the bound DHT nodes enforce
+        assert 3 * records(swarm, **longest).sampler_every <= owned.MAX_TTL_S
     s.announce(sampler(s))
     (_, until), = swarm.records[peers_key(RUN, shard_of(s.transport.peer_id, PEER_SHARDS))].values()
     assert until == clock() + 9.0
