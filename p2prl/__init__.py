@@ -1,9 +1,12 @@
 """p2prl: peer-to-peer RL post-training of language models with GEPO (HeteroRL)."""
 
 __version__ = "0.1.0"
-PROTOCOL_VERSION = 6  # 3: signed policy records, the state header's record, learners' bans in peer records;
+PROTOCOL_VERSION = 7  # 3: signed policy records, the state header's record, learners' bans in peer records;
 # 4: learners' reward and accuracy in peer records, every peer's run under p2prl/runs;
 # 5: the batched `rollouts` stream, a peer's metrics endpoint (HOST:PORT) in its peer record, byte ranges in
 #    weights requests (offset, length);
 # 6: every DHT record under its peer's owned subkey (peer id and RSA key, signed), expirations bounded; learners'
-#    run record in their replies
+#    run record in their replies;
+# 7: learners' peer records under p2prl/<run>/learners, other peers' under p2prl/<run>/peers/<shard> (32 shards),
+#    holders under p2prl/<run>/holders/<version>/<shard> (8 shards), refreshed while held; p2prl/runs: learners and
+#    peers waiting for their run only

@@ -293,6 +293,9 @@ class NetConfig(_Section):
     heartbeat_s: float = Field(5.0, gt=0.1, le=300.0)
     """Seconds between peer-record announcements; records expire after 3x (DHT nodes refuse expirations over
     20 minutes)."""
+    sampler_heartbeat_s: float = Field(0.0, ge=0.0, le=300.0)
+    """Seconds between a sampler's peer-record announcements (only `p2prl status` and the monitor read them); its
+    record expires after 3x. 0: 3 x heartbeat_s (at most 300). Samplers still look learners up every heartbeat_s."""
     poll_s: float = Field(1.0, gt=0.01, le=600.0)
     """Seconds between DHT look-ups of the latest policy / learners."""
     rpc_timeout_s: float = Field(20.0, gt=0.1, le=3600.0)

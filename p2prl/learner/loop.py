@@ -292,7 +292,7 @@ class Learner:
             weights_bad_requests=self.store.bad_requests, dht_errors=self.node.records.dht_errors,
             rounds_saturated=self.rounds.saturated, membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
-            authority=dict(self.node.trust.counts))
+            authority=dict(self.node.trust.counts), dht_bytes=self.node.records.dht_bytes())
 
     def prometheus(self) -> list:
         """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""

@@ -37,6 +37,7 @@ class LearnerReport:
     spot: dict[str, float]  # log-prob spot checks
     bans_and_limits: dict[str, int]  # ``trust_counts``
     authority: dict[str, int]  # records the run authority's checks refused, by kind
+    dht_bytes: tuple[int, int] = (0, 0)  # record bytes read from and written to the DHT so far (``dht_bytes()``)
 
 
 def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
@@ -59,6 +60,7 @@ def step_metrics(r: LearnerReport) -> dict[str, float]:
     m["net/weights_uploads"] = r.weights_uploads
     m["net/weights_bad_requests"] = r.weights_bad_requests
     m["net/dht_errors"] = r.dht_errors
+    m["net/dht_bytes_read"], m["net/dht_bytes_written"] = r.dht_bytes
     m.update(r.bans_and_limits)
     return m
 
@@ -71,6 +73,7 @@ def summary(r: LearnerReport, train_log: list[dict], run: dict) -> dict:
             "membership": {k.removeprefix("membership/"): c for k, c in r.membership.items()},
             "trust": {**r.authority, **r.bans_and_limits},
             "weights_bytes_served": r.weights_bytes_served,
+            "dht_bytes_read": r.dht_bytes[0], "dht_bytes_written": r.dht_bytes[1],
             "lag_by_sampler": {s[-6:]: h for s, h in lag_by_sampler(train_log).items()}}
 
 
@@ -106,4 +109,6 @@ def families(r: LearnerReport) -> list:
         prom.labelled("trust_events", "Trust counters: bans, refused and limited streams, spot checks, "
                       "rejected records of the run authority", ["event"], {(k,): v for k, v in trust.items()}),
         prom.counter("dht_errors", "Failed DHT requests", r.dht_errors),
+        prom.counter("dht_bytes_read", "Bytes of DHT records read (values and their subkeys)", r.dht_bytes[0]),
+        prom.counter("dht_bytes_written", "Bytes of DHT records stored (values and their subkeys)", r.dht_bytes[1]),
     ]

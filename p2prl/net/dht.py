@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import faulthandler
 import functools
+import hashlib
 import ipaddress
 import logging
 import os
@@ -292,6 +293,41 @@ def key(run_id: str, *parts: str) -> str:
     return "/".join(("p2prl", run_id, *parts))
 
 
+# How the run's records spread over keys, so that no key's value grows with the number of samplers N past a bound
+# (protocol 7). Only learners write ``learners_key``: what every sampler reads each heartbeat is as large as the run's
+# learners, whatever N. Samplers' records go to ``PEER_SHARDS`` keys by a hash of their peer id (``shard_of``); a
+# shard holds about N / PEER_SHARDS records of about 1 KB each on the wire (the record, its owned subkey with the
+# peer's RSA key, the signature): 32 KB at 1,000 samplers, 320 KB at 10,000, and p2pd's 4 MiB message (the largest
+# value a DHT node can return) is reached near 4,000 x PEER_SHARDS = 128,000 samplers. Only `p2prl status` and the
+# monitor read them (every shard: an operator's occasional read). Holders of a version go to ``HOLDER_SHARDS`` keys
+# the same way: a sampler reads one, and the others only when that one names fewer holders than it wants (a small
+# swarm), so what it reads per version is about max(holders / HOLDER_SHARDS, a few) records.
+PEER_SHARDS = 32
+HOLDER_SHARDS = 8
+
+
+def shard_of(peer_id: str, shards: int) -> int:
+    """The shard (0 to ``shards`` - 1) of ``peer_id``'s records: a hash of its id, the same for every reader and
+    writer. A peer chooses its id, so it can choose its shard: that makes one shard larger, never another peer's
+    record unreadable (each is under its own owned subkey)."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:8], "big") % shards
+
+
+def learners_key(run_id: str) -> str:
+    """The learners' peer records (only learners write it; samplers, learners and the node's checks read it)."""
+    return key(run_id, "learners")
+
+
+def peers_key(run_id: str, shard: int) -> str:
+    """The records of samplers (and any peer not a learner) whose ``shard_of(peer, PEER_SHARDS)`` is ``shard``."""
+    return key(run_id, "peers", str(shard))
+
+
+def holders_key(run_id: str, version: int, shard: int) -> str:
+    """The holders of ``version`` whose ``shard_of(peer, HOLDER_SHARDS)`` is ``shard``."""
+    return key(run_id, "holders", str(version), str(shard))
+
+
 MAX_HOSTPORT = 261  # a 253-character DNS name, or a bracketed IPv6 address, ":" and a 5-digit port
 _DNS_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*")
 
@@ -369,7 +405,8 @@ SessionCount = tuple[SessionPrefix, Annotated[int, Field(ge=0, le=MAX_COUNTER)],
 
 
 class PeerRecord(_Record):
-    """What every peer announces under ``key(run_id, "peers")`` with a TTL heartbeat."""
+    """What every peer announces with a TTL heartbeat: a learner under ``learners_key``, any other peer under its
+    shard's ``peers_key``."""
 
     MAX_BYTES: ClassVar[int] = 8192
     role: Literal["sampler", "learner", "bootstrap"]

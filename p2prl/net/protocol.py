@@ -70,6 +70,11 @@ class WeightStore:
                 self._blobs.popitem(last=False)
                 del self._added[oldest]
 
+    def versions(self) -> list[int]:
+        """The versions kept now, oldest first."""
+        with self._lock:
+            return list(self._blobs)
+
     def sha(self, version: int) -> str | None:
         with self._lock:
             got = self._blobs.get(version)

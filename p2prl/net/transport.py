@@ -55,7 +55,9 @@ class Directory(Protocol):
 
     dht_errors: int
 
-    def announce(self, record) -> bool: ...
+    def announce(self, record, waiting: bool = False) -> bool: ...
+
+    def record_due(self, now: float | None = None) -> bool: ...
 
     def peers(self, role: str | None = None) -> list: ...
 
@@ -65,11 +67,15 @@ class Directory(Protocol):
 
     def announce_holder(self, rec) -> None: ...
 
-    def holders(self, rec) -> list[str]: ...
+    def refresh_holders(self, held) -> int: ...
+
+    def holders(self, rec, want: int = 4) -> list[str]: ...
 
     def run_configs(self) -> dict: ...
 
     def refresh_trust(self) -> None: ...
+
+    def dht_bytes(self) -> tuple[int, int]: ...
 
 
 class Delivery(Protocol):
@@ -149,6 +155,11 @@ class Transport(Protocol):
         each peer stored as its own (None or empty when there is none); ``on_unowned`` is told how many values it
         found under subkeys that no peer owns (left out)."""
 
+    def dht_bytes(self) -> tuple[int, int]:
+        """(read, written): bytes of records this peer read and stored so far, each value with its subkey (what
+        ``get`` returned, the unowned values included, and what ``store`` sent; not the DHT's framing, signatures or
+        replicas)."""
+
     # what the roles need of the network
     def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
                    timeout_s: float) -> AllReduce:
@@ -184,6 +195,7 @@ class HivemindTransport:
         self.identity_path = identity_path  # where the identity came from (for messages)
         _, self.subkey = owned.owned_subkey(identity)
         self.lock = threading.Lock()  # hivemind's DHT sends requests down one pipe, without a lock of its own
+        self.bytes = DhtBytes()
         self.dht = self._start_dht()
         self.peer_id = self.dht.peer_id.to_base58()
         self.p2p = None
@@ -236,12 +248,16 @@ class HivemindTransport:
     def store(self, dht_key: str, value: bytes, ttl: float) -> concurrent.futures.Future:
         from hivemind.utils import get_dht_time
 
+        self.bytes.wrote(len(dht_key) + len(self.subkey) + len(value))
         with self.lock:  # the request only: other threads' requests go out while this one is answered
             return self.dht.store(dht_key, value, get_dht_time() + ttl, subkey=self.subkey, return_future=True)
 
     def get(self, dht_key: str, on_unowned: Callable[[int], None] = lambda n: None) -> _Unpacked:
         with self.lock:
-            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True), on_unowned)
+            return _Unpacked(self.dht.get(dht_key, latest=True, return_future=True), on_unowned, self.bytes.read)
+
+    def dht_bytes(self) -> tuple[int, int]:
+        return self.bytes.totals()
 
     async def add_handler(self, protocol: str, handler: StreamHandler) -> None:
         async def on_stream(info, reader, writer):
@@ -277,17 +293,40 @@ class HivemindTransport:
         shutdown_dht(self.dht)
 
 
+class DhtBytes:
+    """A transport's counts of record bytes read and written (``Transport.dht_bytes``), thread-safe."""
+
+    def __init__(self):
+        self.lock, self.read_total, self.written_total = threading.Lock(), 0, 0
+
+    def read(self, n: int) -> None:
+        with self.lock:
+            self.read_total += n
+
+    def wrote(self, n: int) -> None:
+        with self.lock:
+            self.written_total += n
+
+    def totals(self) -> tuple[int, int]:
+        with self.lock:
+            return self.read_total, self.written_total
+
+
 class _Unpacked:
     """A hivemind DHT get's future whose result is the peer id -> value map of owned subkeys (hivemind's futures run
-    no done-callbacks of ours, so the map is made as the result is read)."""
+    no done-callbacks of ours, so the map is made as the result is read); ``on_read`` is told the bytes found (the
+    first time the result is read)."""
 
-    def __init__(self, fut, on_unowned: Callable[[int], None]):
-        self.fut, self.on_unowned = fut, on_unowned
+    def __init__(self, fut, on_unowned: Callable[[int], None], on_read: Callable[[int], None] = lambda n: None):
+        self.fut, self.on_unowned, self.on_read = fut, on_unowned, on_read
 
     def result(self, timeout: float | None = None) -> dict[str, bytes] | None:
         found = self.fut.result(timeout=timeout)
+        on_read, self.on_read = self.on_read, lambda n: None
         if found is None or not isinstance(found.value, dict):
             return None
+        on_read(sum(len(sub) + len(v.value) for sub, v in found.value.items()
+                    if isinstance(sub, (str, bytes)) and isinstance(v.value, bytes)))
         out, unowned = {}, 0
         for sub, v in found.value.items():
             peer = owned.owner_of(sub)
@@ -423,6 +462,7 @@ class MemorySwarm:
 class MemoryTransport:
     def __init__(self, swarm: MemorySwarm, peer_id: str):
         self.swarm, self.peer_id, self.up = swarm, peer_id, True
+        self.bytes = DhtBytes()
         self.initial_peers: list[str] = []  # nobody to join through: the run's scope is unknown (no dial-back check)
         self.client_mode = False
 
@@ -433,6 +473,7 @@ class MemoryTransport:
         return self.up
 
     def store(self, dht_key: str, value: bytes, ttl: float) -> concurrent.futures.Future:
+        self.bytes.wrote(len(dht_key) + len(self.peer_id) + len(value))
         with self.swarm.lock:
             self.swarm.records.setdefault(dht_key, {})[self.peer_id] = (bytes(value), self.swarm.clock() + ttl)
         return _done(True)
@@ -441,7 +482,11 @@ class MemoryTransport:
         now = self.swarm.clock()  # every value is its peer's own here
         with self.swarm.lock:
             found = {sub: v for sub, (v, until) in self.swarm.records.get(dht_key, {}).items() if until > now}
+        self.bytes.read(sum(len(sub) + len(v) for sub, v in found.items()))
         return _done(found)
+
+    def dht_bytes(self) -> tuple[int, int]:
+        return self.bytes.totals()
 
     async def start(self) -> None:
         pass

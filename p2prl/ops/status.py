@@ -64,12 +64,14 @@ def describe_trust(view: dict) -> str:
             "--authority KEY (the run's trust.authority) to check it and hide learners it does not authorize")
 
 
-def withheld_groups(peers: list[PeerRecord], heartbeat_s: float, batch: int = 0) -> dict[str, dict]:
+def withheld_groups(peers: list[PeerRecord], heartbeat_s: float, batch: int = 0,
+                    sampler_heartbeat_s: float = 0.0) -> dict[str, dict]:
     """Sampler peer id -> what the learners read of its session's newest group counters: ``counters`` (how many
     counters the window spans: the ``COUNTER_BLOCKS`` blocks ending at the highest one any learner read), ``read``
     (distinct counters read, summed over learners), ``unread`` (what the sampler says no learner has read yet),
-    ``withheld`` (counters no learner read beyond ``unread`` and a margin for the records' age, two heartbeats of
-    the sampler's throughput and a ``batch`` of groups sent at once: groups made and kept back). A sampler whose
+    ``withheld`` (counters no learner read beyond ``unread`` and a margin for the records' age, the sampler's
+    throughput over a learner's heartbeat and a sampler's (``sampler_heartbeat_s``, 0: 3 heartbeats, as
+    ``net.sampler_heartbeat_s``), and a ``batch`` of groups sent at once: groups made and kept back). A sampler whose
     session no learner lists is left out; so is one a learner may have read but left out of its record
     (``sessions_left_out``): its count would be short. Learners' records are believed: a learner
     that lies can make a sampler look bad (or good)."""
@@ -94,7 +96,7 @@ def withheld_groups(peers: list[PeerRecord], heartbeat_s: float, batch: int = 0)
         # a block holds at most its counters (learners that both read a group, or bad counts, add no more)
         seen = sum(min(n, min(COUNTER_BLOCK, highest + 1 - b * COUNTER_BLOCK)) for b, n in read.items())
         span = highest + 1 - low
-        margin = math.ceil(s.throughput * 2 * heartbeat_s) + batch  # made since the learners' records were stored
+        margin = math.ceil(s.throughput * (heartbeat_s + (sampler_heartbeat_s or 3 * heartbeat_s))) + batch
         out[s.peer_id] = {"counters": span, "read": seen, "unread": s.unread,
                           "withheld": max(0, span - seen - s.unread - margin)}
     return out

@@ -287,15 +287,7 @@ class Sampler:
         return bool(learners and self.node.records.latest_policy() and self.node.records.run_configs())
 
     def heartbeat(self) -> None:
-        self.node.records.refresh_trust()
-        self.node.records.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
-                                      policy_version=self.core.version, throughput=self.throughput,
-                                      queue_depth=self.view.groups, session=self.session(), unread=self.view.unread))
-        errors = self.node.records.dht_errors
-        learners = self.node.records.peers("learner")
-        if learners or self.node.records.dht_errors == errors:  # a failed look-up is not every learner gone
-            self.learners = learners
-        self.saw(max((r.policy_version for r in learners), default=0))
+        heartbeat(self)
 
     def session(self) -> str:
         """The session of this sampler's group ids (``<peer id>/<session>/<n>``), empty when they have none."""
@@ -399,6 +391,23 @@ class Sampler:
             return {**self.view.counts, **self.counts}
 
 
+def heartbeat(s: Sampler) -> None:
+    """A sampler's heartbeat: look the learners up; announce its record when due (``record_due``: only `p2prl
+    status` reads it; its run too while it has found no learner), and the versions it still holds."""
+    records = s.node.records
+    records.refresh_trust()
+    if records.record_due():
+        records.announce(new_record("sampler", s.cfg.net.run_id, s.node.peer_id, policy_version=s.core.version,
+                                    throughput=s.throughput, queue_depth=s.view.groups, session=s.session(),
+                                    unread=s.view.unread), waiting=not s.learners)
+    records.refresh_holders(s.store.versions())
+    errors = records.dht_errors
+    learners = records.peers("learner")
+    if learners or records.dht_errors == errors:  # a failed look-up is not every learner gone
+        s.learners = learners
+    s.saw(max((r.policy_version for r in learners), default=0))
+
+
 def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event,
                        waiting: Callable[[], None] = lambda: None) -> None:
     """Wait for the run record signed by ``trust.authority`` (the node's trust, made for that authority: see
@@ -452,5 +461,7 @@ def run_sampler(cfg: Config, stop: threading.Event, progress: bool = True) -> di
     outbox = sampler.link.outbox
     return {"groups_made": sampler.core.groups_made, "generation_s": round(sampler.core.generation_s, 3),
             "unsettled": len(outbox), **outbox.whereabouts(),
-            "dht_errors": node.records.dht_errors, **sampler.all_counts(), **node.trust.counts,
+            "dht_errors": node.records.dht_errors, **dict(zip(("dht_bytes_read", "dht_bytes_written"),
+                                                              node.records.dht_bytes())),
+            **sampler.all_counts(), **node.trust.counts,
             "policy_version": sampler.core.version, "versions_loaded": list(sampler.loaded)}

@@ -185,4 +185,6 @@ def sampler_metrics(s) -> list:
         prom.labelled("trust_events", "Records refused for the run authority", ["event"],
                       {(k,): n for k, n in s.node.trust.counts.items()}),
         prom.counter("dht_errors", "Failed DHT requests", s.node.records.dht_errors),
+        *(prom.counter(f"dht_bytes_{what}", f"Bytes of DHT records {done} (values and their subkeys)", n)
+          for what, done, n in zip(("read", "written"), ("read", "stored"), s.node.records.dht_bytes())),
     ]

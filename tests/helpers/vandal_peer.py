@@ -6,8 +6,9 @@
 Its DHT node is started as p2prl starts one (``start_dht``, loopback only, a fresh identity), then its validators are
 swapped for one that accepts everything (it refuses nothing, and keeps what it is told to). Every ``--interval``
 seconds it asks every DHT node it knows (its routing table, and the nearest nodes each answer names: the
-bootstrap's, the learner's, the samplers') what they hold under the run's keys (``RUN_KEYS``, the holders of the
-newest few versions, and ``p2prl/runs``), and sends each of them, in one store request, the records of every kind in
+bootstrap's, the learner's, the samplers') what they hold under the run's keys (``RUN_KEYS``, ``PEER_SHARDS_FLOODED``
+shards of the samplers' records drawn each round, every shard of the holders of the newest few versions, and
+``p2prl/runs``), and sends each of them, in one store request, the records of every kind in
 ``--kinds`` (default: every kind) under every key, with hivemind's own store RPC (``call_store``), so that each node's
 answer on each record is counted. Every record expires at the latest time honest nodes accept (``owned.MAX_TTL_S``
 from now, less ``MARGIN_S`` and a random fraction of a second) unless its kind says otherwise.
@@ -72,7 +73,8 @@ import msgpack
 
 from p2prl.procs import children_of
 from p2prl.trust import owned
-from p2prl.net.dht import RUNS_KEY, key, shutdown_dht, start_dht, stop_on_signals
+from p2prl.net.dht import (HOLDER_SHARDS, PEER_SHARDS, RUNS_KEY, holders_key, key, peers_key, shutdown_dht, start_dht,
+                           stop_on_signals)
 
 log = logging.getLogger("vandal")
 
@@ -81,8 +83,9 @@ SHOULD_REFUSE = ("own_raw", "own_big", "bytes_big", "overwrite", "unowned", "far
 CAPPED = ("bytes_subkey", "tie")  # their bytes subkeys: stored until the key holds owned.MAX_BYTES_SUBKEYS on a node
 KINDS = SHOULD_STORE + SHOULD_REFUSE
 OWN_KINDS = ("own_random", "own_schema", "own_nonbytes", "own_big", "own_raw", "tie", "cache")  # own identities
-RUN_KEYS = ("peers", "policy", "config", "authority")  # key(run_id, ...): peer, policy, run config and run records
-HOLDERS_AHEAD = 4  # holders keys flooded: the newest honest version found and the next ones
+RUN_KEYS = ("learners", "policy", "config", "authority")  # key(run_id, ...): learners', policy, config, run records
+PEER_SHARDS_FLOODED = 4  # shards of the samplers' peer records flooded each round (drawn at random)
+HOLDERS_AHEAD = 2  # versions whose holders keys (every shard) are flooded: the newest honest one found and the next
 MARGIN_S = 5.0  # under the expiration bound: a store must not arrive past it
 YEAR_S = 365 * 86400.0
 CALL_TIMEOUT_S = 10.0  # every RPC
@@ -124,7 +127,7 @@ def schema_junk(name: str, rng: random.Random) -> bytes:
         return msgpack.packb(deep)
     if name == "policy":
         rec = {"version": -rng.randrange(1, 10**6), "sha256": "not hex", "size": 0, "weight": "heavy"}
-    elif name in ("peers", "runs"):
+    elif name in ("peers", "learners", "runs"):
         rec = {"role": "overlord", "run_id": "x" * 100, "peer_id": 12, "policy_version": -1, "throughput": "fast",
                "queue_depth": 10**15, "protocol": "?", "software": "v" * 40, "updated": "now"}
     elif name == "config":
@@ -234,12 +237,14 @@ async def flood_round(params: dict, dht, node) -> dict:
     rng = random.Random()
     run_id = params["run_id"]
     names = {key(run_id, n): n for n in RUN_KEYS}
+    names.update({peers_key(run_id, i): "peers" for i in rng.sample(range(PEER_SHARDS), PEER_SHARDS_FLOODED)})
     names[RUNS_KEY] = "runs"
     base_ids = {DHTID.generate(source=k): k for k in names}
     found = await _look(node, list(base_ids))
     policy_id = next(i for i, k in base_ids.items() if names[k] == "policy")
     version = max(_honest_version(found[policy_id]), 0)
-    holders = {key(run_id, "holders", str(v)): "holders" for v in range(version, version + HOLDERS_AHEAD)}
+    holders = {holders_key(run_id, v, i): "holders" for v in range(version, version + HOLDERS_AHEAD)
+               for i in range(HOLDER_SHARDS)}
     names.update(holders)
     for i, k in {DHTID.generate(source=k): k for k in holders}.items():
         base_ids[i] = k

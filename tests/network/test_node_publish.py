@@ -19,11 +19,11 @@ def test_an_announcement_not_waited_for_reaches_the_dht_and_one_is_in_flight_at_
         recs = [PolicyRecord(version=v, sha256=f"{v:064x}", size=1) for v in (1, 2)]
         learner.records.publish_policy(recs[0], wait=False)
         first = [fut for _, fut in learner.records._publishing]
-        assert [k.split("/", 2)[2] for k, _ in learner.records._publishing] == ["policy", "holders/1"]
+        assert [k.split("/")[2:4] for k, _ in learner.records._publishing] == [["policy"], ["holders", "1"]]
         learner.records.publish_policy(recs[1], wait=False)
         if learner.records._unannounced is None:  # v1's stores were answered already: v2's went out
             assert all(fut.done() for fut in first)
-            assert [k.split("/", 2)[2] for k, _ in learner.records._publishing] == ["policy", "holders/2"]
+            assert [k.split("/")[2:4] for k, _ in learner.records._publishing] == [["policy"], ["holders", "2"]]
         else:  # v1's in flight: v2 waits for a later call, and nothing more was sent
             assert learner.records._unannounced == recs[1] and [fut for _, fut in learner.records._publishing] == first
         learner.records.flush_policy()

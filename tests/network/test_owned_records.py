@@ -13,7 +13,7 @@ from hivemind.utils import get_dht_time
 
 from p2prl.config import NetConfig
 from p2prl.trust import owned
-from p2prl.net.dht import PolicyRecord, dht_kwargs, key, new_record, shutdown_dht
+from p2prl.net.dht import PolicyRecord, dht_kwargs, key, learners_key, new_record, shutdown_dht
 from p2prl.net.node import SwarmNode
 from p2prl.net.transport import HivemindTransport
 
@@ -41,18 +41,18 @@ def test_a_stranger_cannot_overwrite_or_pin_a_peers_records(peers):
                                queue_depth=0).encode()
         far = get_dht_time() + YEAR
         subkey = learner.transport.subkey
-        for k, junk in ((key("owned", "policy"), junk_policy), (key("owned", "peers"), junk_peer)):
+        for k, junk in ((key("owned", "policy"), junk_policy), (learners_key("owned"), junk_peer)):
             # through p2prl's validators, every node's here (the stranger's own included): refused, whatever the subkey
             assert not stranger.transport.dht.store(k, junk, far, subkey=subkey)
             assert not stranger.transport.dht.store(k, junk, far, subkey=stranger.transport.subkey)
             assert not stranger.transport.dht.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)
-        assert stranger.transport.dht.store(key("owned", "peers"), b"its own", get_dht_time() + 60,
+        assert stranger.transport.dht.store(learners_key("owned"), b"its own", get_dht_time() + 60,
                                             subkey=stranger.transport.subkey)  # within the bound: its own to write
         # a modified node without validators joins (it keeps what it stores itself; the others refuse it)
         kw = dht_kwargs(host_maddrs=[], loopback=True)
         kw.pop("record_validators")
         rogue = hivemind.DHT(initial_peers=[maddr], start=True, **kw)
-        for k, junk in ((key("owned", "policy"), junk_policy), (key("owned", "peers"), junk_peer)):
+        for k, junk in ((key("owned", "policy"), junk_policy), (learners_key("owned"), junk_peer)):
             rogue.store(k, junk, far, subkey=subkey)  # under the learner's owned subkey, unsigned
             rogue.store(k, junk, get_dht_time() + 60, subkey=learner.peer_id)  # under its plain peer id
             # as bytes, as the averager's (small: a bytes subkey's value is at most owned.MAX_BYTES_SUBKEY_VALUE)

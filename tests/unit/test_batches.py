@@ -396,7 +396,8 @@ def test_groups_a_learner_holds_go_elsewhere_only_after_it_fails_again_and_again
 def test_a_failed_learner_look_up_does_not_forget_the_learners():
     s = fake_sampler(0)
     s.node.records.dht_errors, known = 0, s.learners
-    s.node.records.refresh_trust = s.node.records.announce = lambda *a: None
+    s.node.records.refresh_trust = s.node.records.announce = s.node.records.refresh_holders = lambda *a, **k: None
+    s.node.records.record_due = lambda: True
     s.node.records.peers = lambda role: (setattr(s.node.records, "dht_errors", s.node.records.dht_errors + 1), [])[1]  # the get failed
     s.core.version, s.cfg.net.run_id, s.node.peer_id = 0, "test", "S"
     s.heartbeat()

@@ -158,6 +158,6 @@ def test_any_dht_error_while_the_node_stops_is_quiet_but_a_real_failure_warns(ca
 
     r, rec = _records(slow)
     with caplog.at_level(logging.DEBUG, logger="p2prl.net.records"):
-        r.announce(rec)
-    assert r.dht_errors == 2  # the run announcement and the peer record
+        r.announce(rec, waiting=True)
+    assert r.dht_errors == 2  # the run announcement (a sampler waiting for its run) and the peer record
     assert [x.getMessage() for x in caplog.records if x.levelno == logging.WARNING][0].startswith("DHT store of ")

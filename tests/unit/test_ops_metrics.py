@@ -38,7 +38,7 @@ def learner_report(**change) -> LearnerReport:
         bytes_in=5000, weights_bytes_served=123456, weights_uploads=3, weights_bad_requests=0, dht_errors=2,
         rounds_saturated=0, membership={"membership/hello_failed": 1}, spot={"spot/passed": 5, "spot/failed": 1},
         bans_and_limits={"trust/banned_peers": 1, "trust/bans": 2, "trust/refused_banned/rollout": 4},
-        authority={"untrusted/policy_record": 1}), **change})
+        authority={"untrusted/policy_record": 1}, dht_bytes=(300, 200)), **change})
 
 
 def test_learner_metrics_read_its_counters():
@@ -54,6 +54,7 @@ def test_learner_metrics_read_its_counters():
     assert m["p2prl_state_sync_total"] == {(("outcome", "loaded"), ("reason", "")): 1}
     assert one("p2prl_weights_served_bytes_total") == 123456 and one("p2prl_records_received_bytes_total") == 5000
     assert one("p2prl_banned_peers") == 1 and one("p2prl_dht_errors_total") == 2
+    assert one("p2prl_dht_bytes_read_total") == 300 and one("p2prl_dht_bytes_written_total") == 200
     trust = {dict(k)["event"]: v for k, v in m["p2prl_trust_events_total"].items()}
     assert trust == {"trust/bans": 2, "trust/refused_banned/rollout": 4, "trust/untrusted/policy_record": 1,
                      "spot/passed": 5, "spot/failed": 1}
@@ -75,6 +76,8 @@ def test_a_steps_metrics_line_and_the_summary_read_the_same_counters():
     assert s["version"] == 7 and s["steps"] == 7 and s["groups"]["trained"] == 2 and s["membership"] == {"hello_failed": 1}
     assert s["trust"] == {"untrusted/policy_record": 1, "trust/banned_peers": 1, "trust/bans": 2,
                           "trust/refused_banned/rollout": 4}
+    assert (m["net/dht_bytes_read"], m["net/dht_bytes_written"]) == (300, 200)
+    assert (s["dht_bytes_read"], s["dht_bytes_written"]) == (300, 200)
 
 
 def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
@@ -83,7 +86,7 @@ def test_learner_metrics_before_the_first_evaluation_leave_accuracy_out():
 
 
 def test_sampler_metrics_read_its_counters():
-    node = SimpleNamespace(peer_id="12D3KooWsampler", records=SimpleNamespace(dht_errors=0),
+    node = SimpleNamespace(peer_id="12D3KooWsampler", records=SimpleNamespace(dht_errors=0, dht_bytes=lambda: (5, 7)),
                            trust=SimpleNamespace(counts=Counter()))
     sampler = Sampler(CFG, node, core=SimpleNamespace(version=3, groups_made=40, generation_s=50.0))
     sampler.throughput, sampler.learners, sampler.store.bytes_served = 2.0, [1], 10
@@ -95,6 +98,7 @@ def test_sampler_metrics_read_its_counters():
     events = {tuple(v for _, v in sorted(k, key=lambda kv: ["section", "outcome", "reason"].index(kv[0]))): n
               for k, n in m["p2prl_sampler_events_total"].items()}
     assert events == {("send", "accepted", ""): 30, ("send", "rejected", "stale"): 2, ("acked", "trained", ""): 25}
+    assert one("p2prl_dht_bytes_read_total") == 5 and one("p2prl_dht_bytes_written_total") == 7
 
 
 def test_a_failing_collector_never_breaks_the_scrape():

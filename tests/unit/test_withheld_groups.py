@@ -175,7 +175,8 @@ def test_hostile_records_are_left_out_of_the_peers_read(monkeypatch):
     good = learner_record([(f"{S}/s", 3, [4])])
     bad = msgpack.packb(good.model_dump() | {"peer_id": "12D3KooWbad", "sessions": [[f"{S}/s", 3, [B + 9]]]})
     node = SimpleNamespace(cfg=SimpleNamespace(run_id="test"), trust=SimpleNamespace(authorized=lambda p: True),
-                           _get_dict=lambda k: {"12D3KooWlearner": good.encode(), "12D3KooWbad": bad})
+                           _get_many=lambda keys: [{"12D3KooWlearner": good.encode(), "12D3KooWbad": bad}
+                                                   if k.endswith("/learners") else {} for k in keys])
     assert Records.peers(node) == [good]
 
 
@@ -210,8 +211,10 @@ def test_gaps_beyond_what_the_sampler_has_not_sent_are_withheld():
     peers = [*learners_reading(list(range(0, 1000, 2))), sampler_rec()]  # every other counter kept back
     assert status.withheld_groups(peers, 5.0)[S] == {"counters": 487, "read": 244, "unread": 0, "withheld": 243}
     # groups it has not sent yet (unread) and those made since the records were stored (throughput) explain gaps
-    peers = [*learners_reading([n for n in range(1000) if n % 10]), sampler_rec(unread=20, throughput=2.0)]
+    # (the margin: a learner's heartbeat and a sampler's, 3 of them, at its throughput)
+    peers = [*learners_reading([n for n in range(1000) if n % 10]), sampler_rec(unread=20, throughput=1.0)]
     assert status.withheld_groups(peers, 5.0)[S]["withheld"] == 48 - 20 - 20  # 520, 530, ... 990
+    assert status.withheld_groups(peers, 5.0, sampler_heartbeat_s=10.0)[S]["withheld"] == 48 - 20 - 15
     # 10 groups answered busy wait to be sent again while newer ones were read: honest
     peers = [*learners_reading([n for n in range(1000) if not 980 <= n < 990]), sampler_rec(unread=10)]
     assert status.withheld_groups(peers, 5.0)[S] == {"counters": 488, "read": 478, "unread": 10, "withheld": 0}
