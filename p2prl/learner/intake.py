@@ -189,8 +189,10 @@ class RolloutIntake:
         return self.reputation is None or self.reputation.vouched(peer) or not self.reputation.suspect(peer)
 
     def room(self, peer: str) -> int:
-        """Groups ``peer`` may still have admitted before it is answered ``busy``."""
-        return queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share())
+        """Groups ``peer`` may still have admitted before it is answered ``busy``: at least what its lease owes (the
+        learner leased them out of its free queue)."""
+        return max(queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share()),
+                   self.state.owed(peer))
 
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached

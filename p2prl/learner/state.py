@@ -110,6 +110,11 @@ class LearnerState:
             waiting = len(self._ledger.buffer)
             return book.grant(peer, want, rate, version, waiting, now, held=held), waiting
 
+    def owed(self, peer: str) -> int:
+        """Groups ``peer``'s lease still owes (``LeaseBook.owed``)."""
+        with self._changed:
+            return self._leases.owed(peer)
+
     def lease_refused(self, reason: str) -> int:
         """A lease request refused (``reason``); how many so far for it."""
         with self._changed:

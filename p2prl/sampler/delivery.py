@@ -183,7 +183,7 @@ class LearnerLink:
         earlier protocols hand out no leases: with only those, one loop's batch (``train.groups_per_step``)."""
         answering = self.outbox.answering(self.learners())
         leasing = [r for r in answering if r.protocol >= LEASE_PROTOCOL]
-        if not leasing:
+        if not leasing or self.cfg.testing.unleased:
             return self.cfg.train.groups_per_step if answering else 0
         now = time.monotonic()
         if self.lease.check({r.peer_id for r in leasing}, newest, now):
@@ -213,5 +213,10 @@ class LearnerLink:
             return
         self.outbox.heard(learner, reply.queue, None)
         self.on_reply(learner, reply.policy, reply.run_record)
+        was_idle = self.lease.idle
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, reply.life_s, reply.retry_s,
                            reply.version, now)
+        if self.lease.idle and not was_idle:  # the first time at INFO, to say what it means; then DEBUG
+            n = self.lease.counts["lease/idle_spells"] = self.lease.counts["lease/idle_spells"] + 1
+            log.log(logging.INFO if n == 1 else logging.DEBUG, "idle: learner %s has no work for this sampler now (the "
+                    "run has enough samplers); asking again in %.1f s", learner[-6:], self.lease.retry_at - now)

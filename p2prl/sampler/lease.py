@@ -8,12 +8,15 @@ loop thread; ``LearnerLink.ask_lease`` (``delivery.py``) turns its decisions int
 * one lease at a time, from one learner: ``groups`` to make, while the learner's version is at most
   ``until_version``, for ``life_s`` seconds from the reply;
 * a generation call makes at most what the lease still owes and what the sampler makes in a ``CALL_SHARE`` of the
-  lease's life left at its measured rate (one group before it measured one), so a call ends well inside the lease;
+  lease's life left at its measured rate (one group before it measured one), so a call ends well inside the lease
+  (a learner sizes a lease's life to three times what the sampler needs: a fresh lease is one call);
 * the lease ends when it is filled, its life is over, a learner's version passed its ``until_version``, or its
   learner is gone (not a learner of the run any more, or given up on after failed exchanges): the sampler asks
   again at once, the next learner ``pick_learner`` chooses;
 * a reply with no groups: the run has enough samplers now; the sampler asks again after the ``retry_s`` the learner
-  set (bounded by ``MAX_RETRY_S``), idle meanwhile; a failed request: after ``FAILED_RETRY_S``, another learner.
+  set (bounded by ``MAX_RETRY_S``), idle meanwhile; unless the reply's ``until_version`` is behind the learner's
+  version: the sampler's version is too old, and it asks again once it fetched the newer one the reply named (the
+  sync thread is woken by the reply's policy record); a failed request: after ``FAILED_RETRY_S``, another learner.
 
 ``SyncPacer`` spaces a sampler's weight requests to one learner under that learner's per-peer limit on bulk streams
 (``trust.peer_bulk_requests_per_s``), so that the learner never refuses them (a refused stream costs the requester
@@ -28,7 +31,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 LEASE_PROTOCOL = 7  # learners of this protocol and later hand out leases
-CALL_SHARE = 0.25  # a generation call takes at most this share of the lease's life left
+CALL_SHARE = 1 / 3  # a generation call takes at most this share of the lease's life left (a fresh lease: all of it)
 WANT_S = 10.0  # a sampler asks for what it makes in this many seconds (at its measured rate)
 MAX_RETRY_S = 30.0  # the longest a sampler waits before asking again, whatever a learner said
 FAILED_RETRY_S = 1.0  # after a failed or refused lease request, before asking again
@@ -59,8 +62,9 @@ class LeaseHolder:
 
     # ---- asking --------------------------------------------------------------------------------------
     def want(self) -> int:
-        """Groups to ask for: what it makes in ``WANT_S`` at its rate (before it measured one, ``first_want``)."""
-        return max(1, math.ceil(self.rate * WANT_S)) if self.rate > 0 else self.first_want
+        """Groups to ask for: what it makes in ``WANT_S`` at its rate, at least ``first_want`` (a loop's batch: a
+        lone sampler generates as it did before leases)."""
+        return max(self.first_want, math.ceil(self.rate * WANT_S))
 
     def should_ask(self, now: float) -> bool:
         return self.held is None and now >= self.retry_at
@@ -74,8 +78,9 @@ class LeaseHolder:
             self.counts["lease/granted"] += 1
             self.counts["lease/granted_groups"] += groups
             return
-        self.idle = True
-        self.counts["lease/none"] += 1
+        behind = until_version < version  # our version is too old for any group of it to be trained there
+        self.idle = not behind
+        self.counts["lease/behind" if behind else "lease/none"] += 1
         self.retry_at = now + min(max(0.0, retry_s), MAX_RETRY_S)
 
     def refused(self, why: str, now: float) -> None:

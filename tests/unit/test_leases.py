@@ -158,6 +158,11 @@ def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_susp
     assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 4 - 1, 6, 0)
     assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1
     assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
+    import time
+
+    for peer in ("12D3KooWsampler", "12D3KooWother"):  # two active senders: half the queue each, 4 groups ...
+        it.state.sent(peer, time.monotonic(), 0.0)
+    assert it.room("12D3KooWother") == 4 and it.room("12D3KooWsampler") == 8  # ... but what its lease owes is room
     with caplog.at_level(logging.INFO, logger="p2prl.learner.intake"):
         it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # garbage: suspect from now on
         refused = ask(LeaseRequest(want=16, rate=2.0, version=6))

@@ -22,7 +22,8 @@ def test_a_lease_is_made_in_calls_sized_from_the_samplers_rate_and_ends_when_fil
     assert h.call_size(0.0) == 1  # no rate yet: one group measures it
     h.made(1, seconds=0.5)  # 2 groups/s
     assert h.rate == 2.0 and h.want() == 20
-    assert h.call_size(1.0) == int(2.0 * CALL_SHARE * 19.0)  # a quarter of the life left at its rate
+    assert h.call_size(1.0) == 9 and int(2.0 * CALL_SHARE * 19.0) == 12  # what it owes, at most a third of the life
+    assert h.call_size(10.0) == 6  # a third of the 10 s left at its rate
     assert h.call_size(18.0) == 1  # near its end: one at a time
     h.made(9, seconds=4.5)
     assert h.held is None and h.counts["lease/filled"] == 1 and h.should_ask(5.0)
@@ -44,9 +45,9 @@ def test_a_lease_ends_with_its_learner_its_version_or_its_life():
 
 def test_no_groups_means_idle_until_the_retry_the_learner_set_and_a_failure_retries_soon():
     h = LeaseHolder(4)
-    h.granted("L1", 0, groups=0, until_version=0, life_s=0.0, retry_s=2.5, version=5, now=10.0)
+    h.granted("L1", 0, groups=0, until_version=9, life_s=0.0, retry_s=2.5, version=5, now=10.0)
     assert h.idle and not h.should_ask(12.4) and h.should_ask(12.5) and h.counts["lease/none"] == 1
-    h.granted("L1", 0, groups=0, until_version=0, life_s=0.0, retry_s=3000.0, version=5, now=0.0)
+    h.granted("L1", 0, groups=0, until_version=9, life_s=0.0, retry_s=3000.0, version=5, now=0.0)
     assert h.retry_at == MAX_RETRY_S  # bounded, whatever the learner says
     h.granted("L1", 7, groups=4, until_version=6, life_s=9.0, retry_s=1.0, version=5, now=0.0)
     assert not h.idle and h.held is not None
@@ -55,6 +56,8 @@ def test_no_groups_means_idle_until_the_retry_the_learner_set_and_a_failure_retr
     assert h.retry_at == 1.0 + FAILED_RETRY_S and h.counts["lease/failed"] == 1
     h.granted("L1", 8, groups=4, until_version=4, life_s=9.0, retry_s=1.0, version=5, now=0.0)
     assert h.held is None  # a lease already past its version is no lease
+    h.granted("L1", 0, groups=0, until_version=3, life_s=0.0, retry_s=0.2, version=5, now=2.0)
+    assert not h.idle and h.counts["lease/behind"] == 2 and h.retry_at == 2.2  # behind: fetch, then ask again
 
 
 def test_weight_requests_to_a_learner_stay_under_its_per_peer_limit():
@@ -99,17 +102,21 @@ def link(reply, learners, trust=None) -> tuple[LearnerLink, FakeNode, list]:
     return LearnerLink(cfg, node, lambda: learners, lambda: 0.0, lambda *a: heard.append(a)), node, heard
 
 
-def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased():
+def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplog):
+    caplog.set_level(logging.INFO, logger="p2prl.sampler.delivery")
     lnk, node, heard = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
     assert lnk.work(version=5, newest=5) == 1  # one group first: it measures its rate
     assert [(p, n, r.want, r.version) for p, n, r in node.calls] == [("L1", "lease", 4, 5)]
     assert lnk.lease.learner == "L1" and heard == [("L1", None, None)]
     lnk.lease.made(1, 0.5)
     assert lnk.work(version=5, newest=5) == 5 and len(node.calls) == 1  # the lease held: no request
-    node.reply = LeaseReply(0, 0, 0, 0.0, 4.0, 5, 8)
+    node.reply = LeaseReply(0, 0, 9, 0.0, 4.0, 5, 8)
     lnk.lease.made(5, 2.5)  # filled: it asks again, and the run has enough samplers now
     assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle and len(node.calls) == 2
+    assert lnk.lease.counts["lease/idle_spells"] == 1
     assert lnk.work(version=5, newest=5) == 0 and len(node.calls) == 2  # not before the retry the learner set
+    assert [r.getMessage() for r in caplog.records] == [
+        "idle: learner L1 has no work for this sampler now (the run has enough samplers); asking again in 4.0 s"]
 
 
 def test_a_lease_of_a_learner_gone_is_dropped_and_asked_of_another():
