@@ -189,8 +189,9 @@ class LearnerLink:
         if self.lease.check({r.peer_id for r in leasing}, newest, now):
             self.lease.retry_at = now  # ask another learner at once
         usable = self.outbox.usable(leasing, time.time())
-        if usable and self.lease.should_ask(now):
-            self.ask_lease(pick_learner(usable, self.outbox.rng), version, now)
+        while self.lease.held is None and (ask := [r for r in usable if self.lease.should_ask(now, r.peer_id)]):
+            self.ask_lease(pick_learner(ask, self.outbox.rng), version, now)  # one told "no work" is asked no more
+        self.lease.next_ask([r.peer_id for r in usable])
         return self.lease.call_size(now)
 
     def ask_lease(self, learner: str, version: int, now: float) -> None:
@@ -219,4 +220,4 @@ class LearnerLink:
         if self.lease.idle and not was_idle:  # the first time at INFO, to say what it means; then DEBUG
             n = self.lease.counts["lease/idle_spells"] = self.lease.counts["lease/idle_spells"] + 1
             log.log(logging.INFO if n == 1 else logging.DEBUG, "idle: learner %s has no work for this sampler now (the "
-                    "run has enough samplers); asking again in %.1f s", learner[-6:], self.lease.retry_at - now)
+                    "run has enough samplers); asking again in %.1f s", learner[-6:], self.lease.told[learner] - now)

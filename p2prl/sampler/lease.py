@@ -13,10 +13,11 @@ loop thread; ``LearnerLink.ask_lease`` (``delivery.py``) turns its decisions int
 * the lease ends when it is filled, its life is over, a learner's version passed its ``until_version``, or its
   learner is gone (not a learner of the run any more, or given up on after failed exchanges): the sampler asks
   again at once, the next learner ``pick_learner`` chooses;
-* a reply with no groups: the run has enough samplers now; the sampler asks again after the ``retry_s`` the learner
-  set (bounded by ``MAX_RETRY_S``), idle meanwhile; unless the reply's ``until_version`` is behind the learner's
-  version: the sampler's version is too old, and it asks again once it fetched the newer one the reply named (the
-  sync thread is woken by the reply's policy record); a failed request: after ``FAILED_RETRY_S``, another learner.
+* a reply with no groups: that learner has enough samplers now; the sampler asks another learner at once, and that
+  one again after the ``retry_s`` it set (``MIN_RETRY_S`` .. ``MAX_RETRY_S``); idle while no learner has work for
+  it. Unless the reply's ``until_version`` is behind the learner's version: the sampler's version is too old; it
+  fetches the newer one the reply named (its policy record wakes the sync thread) and asks again after the retry
+  the learner set. A failed request: after ``FAILED_RETRY_S``, of another learner (the failed one is backed off).
 
 ``SyncPacer`` spaces a sampler's weight requests to one learner under that learner's per-peer limit on bulk streams
 (``trust.peer_bulk_requests_per_s``), so that the learner never refuses them (a refused stream costs the requester
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 LEASE_PROTOCOL = 7  # learners of this protocol and later hand out leases
 CALL_SHARE = 1 / 3  # a generation call takes at most this share of the lease's life left (a fresh lease: all of it)
 WANT_S = 10.0  # a sampler asks for what it makes in this many seconds (at its measured rate)
+MIN_RETRY_S = 0.2  # the shortest a sampler waits before asking a learner again, whatever it said
 MAX_RETRY_S = 30.0  # the longest a sampler waits before asking again, whatever a learner said
 FAILED_RETRY_S = 1.0  # after a failed or refused lease request, before asking again
 PACE_MARGIN = 0.8  # weight requests to one learner at most this share of its per-peer bulk rate
@@ -55,7 +57,9 @@ class LeaseHolder:
         """``first_want``: groups asked for before the sampler measured its rate (``train.groups_per_step``)."""
         self.first_want = max(1, first_want)
         self.held: Held | None = None
-        self.retry_at = 0.0  # no lease before then
+        self.retry_at = 0.0  # no lease asked for before then (after a failure)
+        self.told: dict[str, float] = {}  # learner -> not asked again before then (it had no work for us)
+        self.wake_at = 0.0  # with no lease: when one may next be asked for (``next_ask``)
         self.idle = False  # the last answer had no groups: the run has enough samplers now
         self.rate = 0.0  # groups made a second, smoothed (0: not measured yet)
         self.counts: Counter[str] = Counter()
@@ -66,8 +70,16 @@ class LeaseHolder:
         lone sampler generates as it did before leases)."""
         return max(self.first_want, math.ceil(self.rate * WANT_S))
 
-    def should_ask(self, now: float) -> bool:
-        return self.held is None and now >= self.retry_at
+    def should_ask(self, now: float, learner: str | None = None) -> bool:
+        """Whether to ask for a lease now (of ``learner``: one that told us to wait is not asked before its time)."""
+        return self.held is None and now >= self.retry_at and (learner is None or self.told.get(learner, 0.0) <= now)
+
+    def next_ask(self, learners: list[str]) -> float:
+        """When a lease may next be asked of one of ``learners`` (the wait of an idle sampler); learners no longer
+        among them are forgotten."""
+        self.told = {learner: t for learner, t in self.told.items() if learner in learners}
+        self.wake_at = max(self.retry_at, min((self.told.get(learner, 0.0) for learner in learners), default=0.0))
+        return self.wake_at
 
     def granted(self, learner: str, lease_id: int, groups: int, until_version: int, life_s: float, retry_s: float,
                 version: int, now: float) -> None:
@@ -81,7 +93,11 @@ class LeaseHolder:
         behind = until_version < version  # our version is too old for any group of it to be trained there
         self.idle = not behind
         self.counts["lease/behind" if behind else "lease/none"] += 1
-        self.retry_at = now + min(max(0.0, retry_s), MAX_RETRY_S)
+        wait = now + min(max(MIN_RETRY_S, retry_s), MAX_RETRY_S)
+        if behind:
+            self.retry_at = wait
+        else:  # that learner has no work now; another may have
+            self.told[learner] = wait
 
     def refused(self, why: str, now: float) -> None:
         """A lease request failed (``why``: ``failed``, or ``forged``: a reply from a peer that is no learner of the

@@ -402,7 +402,7 @@ def generate(s: Sampler, stop: threading.Event, shown: SamplerProgress) -> None:
             continue
         n = link.work(s.core.version, max(s.newest, s.core.version))
         if n == 0:  # none leased: the lease is asked for again when the learner said (replies handled meanwhile)
-            stop.wait(min(s.cfg.net.poll_s, max(IDLE_POLL_S, link.lease.retry_at - time.monotonic())))
+            stop.wait(min(s.cfg.net.poll_s, max(IDLE_POLL_S, link.lease.wake_at - time.monotonic())))
             continue
         t0, leased_by = time.time(), link.lease.learner
         groups = s.core.rollout(s.core.own_prompt_ids(n))

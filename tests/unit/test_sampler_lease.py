@@ -10,7 +10,7 @@ from p2prl.config import load_config
 from p2prl.net.dht import PeerRecord, new_record
 from p2prl.net.messages import LeaseReply, MessageError
 from p2prl.sampler.delivery import LearnerLink
-from p2prl.sampler.lease import CALL_SHARE, FAILED_RETRY_S, MAX_RETRY_S, LeaseHolder, SyncPacer
+from p2prl.sampler.lease import CALL_SHARE, FAILED_RETRY_S, MAX_RETRY_S, MIN_RETRY_S, LeaseHolder, SyncPacer
 from p2prl.trust.authority import Trust
 
 
@@ -46,9 +46,13 @@ def test_a_lease_ends_with_its_learner_its_version_or_its_life():
 def test_no_groups_means_idle_until_the_retry_the_learner_set_and_a_failure_retries_soon():
     h = LeaseHolder(4)
     h.granted("L1", 0, groups=0, until_version=9, life_s=0.0, retry_s=2.5, version=5, now=10.0)
-    assert h.idle and not h.should_ask(12.4) and h.should_ask(12.5) and h.counts["lease/none"] == 1
+    assert h.idle and not h.should_ask(12.4, "L1") and h.should_ask(12.5, "L1") and h.counts["lease/none"] == 1
+    assert h.should_ask(10.0, "L2") and h.next_ask(["L1"]) == 12.5  # another learner may have work at once
     h.granted("L1", 0, groups=0, until_version=9, life_s=0.0, retry_s=3000.0, version=5, now=0.0)
-    assert h.retry_at == MAX_RETRY_S  # bounded, whatever the learner says
+    assert h.told["L1"] == MAX_RETRY_S  # bounded, whatever the learner says
+    h.granted("L1", 0, groups=0, until_version=9, life_s=0.0, retry_s=0.0, version=5, now=0.0)
+    assert h.told["L1"] == MIN_RETRY_S  # and never asked again at once
+    assert h.next_ask(["L2"]) == 0.0 and h.told == {}  # a learner gone is forgotten
     h.granted("L1", 7, groups=4, until_version=6, life_s=9.0, retry_s=1.0, version=5, now=0.0)
     assert not h.idle and h.held is not None
     h.held = None
@@ -127,6 +131,17 @@ def test_a_lease_of_a_learner_gone_is_dropped_and_asked_of_another():
     lnk.work(version=5, newest=5)
     assert [p for p, _, _ in node.calls] == ["L1", "L2"] and lnk.lease.learner == "L2"
     assert lnk.lease.counts["lease/lost/learner_gone"] == 1
+
+
+def test_a_learner_with_no_work_sends_the_sampler_to_another_at_once():
+    lnk, node, _ = link(None, [learner("L1"), learner("L2")])
+    replies = {"L1": LeaseReply(0, 0, 9, 0.0, 5.0, 5, 8), "L2": LeaseReply(4, 3, 12, 20.0, 1.0, 5, 0)}
+    node.call = lambda peer, name, req, *a, **k: node.calls.append(peer) or replies[peer]
+    assert lnk.work(version=5, newest=5) == 1 and lnk.lease.learner == "L2" and sorted(node.calls) == ["L1", "L2"]
+    replies["L2"] = replies["L1"]
+    lnk.lease.held = None
+    assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle  # neither has work: wait for the sooner of the two
+    assert len(node.calls) == 3 and lnk.lease.wake_at == min(lnk.lease.told.values())
 
 
 def test_learners_of_earlier_protocols_get_a_loops_batch_without_a_lease():
