@@ -34,6 +34,7 @@ LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to 
 FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
 MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there is demand: it may have recovered)
 FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
+MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
 
 
@@ -118,7 +119,8 @@ class LeaseBook:
         self.expire(version, now)
         self.askers[sampler] = now
         self.askers.move_to_end(sampler)
-        while self.askers and next(iter(self.askers.values())) < now - self.ask_window_s:
+        while self.askers and (next(iter(self.askers.values())) < now - self.ask_window_s
+                               or len(self.askers) > MAX_ASKERS):
             self.askers.popitem(last=False)
         held = version if held is None else min(held, version)
         until = held + self.window - self.queue_lag
