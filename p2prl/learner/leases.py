@@ -200,10 +200,11 @@ class LeaseBook:
         crowd = max(1.0, len(self.askers) / self.target)
         return min(max(step * crowd, self.min_retry_s), self.max_retry_s)
 
-    def will_age_out(self, group_version: int, version: int, waiting: int) -> bool:
+    def will_age_out(self, group_version: int, version: int, waiting: int, share: int | None = None) -> bool:
         """Whether a group of ``group_version``, admitted now behind ``waiting`` groups, would wait past the window
-        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on)."""
-        return version + waiting // self.share - group_version > self.window
+        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on; ``share``:
+        the groups a step takes, by default the book's)."""
+        return version + waiting // max(1, share or self.share) - group_version > self.window
 
     # ---- inside -----------------------------------------------------------------------------------------
     def _close(self, sampler: str, outcome: float) -> None:
