@@ -9,4 +9,5 @@ PROTOCOL_VERSION = 7  # 3: signed policy records, the state header's record, lea
 #    run record in their replies;
 # 7: learners' peer records under p2prl/<run>/learners, other peers' under p2prl/<run>/peers/<shard> (32 shards),
 #    holders under p2prl/<run>/holders/<version>/<shard> (8 shards), refreshed while held; p2prl/runs: learners and
-#    peers waiting for their run only
+#    peers waiting for their run only; the `lease` stream (work pulled from learners); samplers' stale
+#    waste in their peer records

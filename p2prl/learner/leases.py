@@ -1,0 +1,226 @@
+"""The learner's leases: work handed out to samplers in the amounts its demand allows (``lease`` requests).
+
+A state machine without threads, network or clock (callers pass ``now`` and the learner's ``version``), like the
+sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
+
+* demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
+  at least one share: the ``rollouts`` queue bound); what it hands out is that target less what waits and less what
+  live leases still owe (``owed``);
+* fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
+  (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
+  fewer, one that fills them gets its whole part back;
+* one account per sampler: a grant adds to what it owes and renews its bounds (``until_version``, ``expires_at``); a
+  group admitted from it pays one group back (``delivered``); an account paid in full closes (filled);
+* a lease ends at ``expires_at`` (sized from the sampler's reported rate so that it is filled well inside its life,
+  within ``min_life_s`` .. ``max_life_s``) or once the learner's version passes ``until_version`` (the groups it
+  covers would then be trained past the staleness window): what it still owes is freed for others and the unfilled
+  share counts against its sampler's fill ratio (``expire``);
+* no demand: ``groups == 0`` and ``retry_s`` says when to ask again, about one step (when the learner expects room),
+  stretched by how many samplers ask for each group of the target (so N idle samplers ask about ``target`` times a
+  step in all), within ``min_retry_s`` .. ``max_retry_s``.
+
+Every counter is kept incrementally (``owed`` in all and per sampler, ``counts``); ``expire`` walks the open
+accounts, of which there are at most ``target`` (each owes at least one group). Tested event by event in
+tests/unit/test_leases.py.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
+
+LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to fill it at its reported rate
+FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
+MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there is demand: it may have recovered)
+FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
+MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
+MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """What a learner grants one ``lease`` request: ``groups`` to make for it (0: no demand now), to be delivered
+    while its version is at most ``until_version`` and before ``expires_at`` (the learner's clock; a sampler keeps the
+    lease's life, ``expires_at - now``), and ``retry_s``: when to ask again."""
+
+    lease_id: int
+    groups: int
+    until_version: int
+    expires_at: float
+    retry_s: float
+
+
+@dataclass
+class Account:
+    """What one sampler owes under its leases."""
+
+    lease_id: int
+    owed: int
+    until_version: int
+    expires_at: float
+    granted: int = 0  # groups granted since the account opened
+    delivered: int = 0  # of them, admitted
+
+
+class LeaseBook:
+    def __init__(self, share: int, window: int, queue_steps: float = 2.0, max_queue: int = 64,
+                 min_life_s: float = 2.0, max_life_s: float = 120.0, min_retry_s: float = 0.2,
+                 max_retry_s: float = 30.0, ask_window_s: float = 60.0):
+        """``share``: groups this learner takes a step; ``window``: the staleness window (versions); ``queue_steps``,
+        ``max_queue``: the queue's bound (``flow``); the rest bound a lease's life, the back-off and how long a
+        sampler that asked counts among those sharing the target."""
+        self.window = max(0, window)
+        self.resize(share, queue_steps, max_queue)
+        self.min_life_s, self.max_life_s = min_life_s, max(min_life_s, max_life_s)
+        self.min_retry_s, self.max_retry_s = min_retry_s, max(min_retry_s, max_retry_s)
+        self.ask_window_s = ask_window_s
+        self.accounts: dict[str, Account] = {}
+        self.fill: dict[str, float] = {}  # sampler -> fill ratio (absent: 1.0)
+        self.askers: OrderedDict[str, float] = OrderedDict()  # sampler -> when it last asked, oldest first
+        self.counts: Counter[str] = Counter()
+        self._owed = 0
+        self._next_id = 1
+        self.version, self.version_at, self.step_s = -1, None, None  # the learner's pace, from the versions seen
+
+    def resize(self, share: int, queue_steps: float, max_queue: int) -> None:
+        """This learner's share of a step (it changes with the number of learners) and the queue's bound: the
+        target and the steps a group waits in the queue (``queue_lag``, taken off a lease's ``until_version``)."""
+        self.share, self.queue_steps, self.max_queue = max(1, share), queue_steps, max_queue
+        self.target = max(self.share, min(max_queue, math.ceil(queue_steps * self.share)))
+        self.queue_lag = min(self.window, max(0, math.ceil(self.target / self.share) - 1))
+
+    # ---- reads (O(1)) ----------------------------------------------------------------------------------
+    def owed(self, sampler: str | None = None) -> int:
+        """Groups live leases still owe, in all or by ``sampler``."""
+        if sampler is None:
+            return self._owed
+        acc = self.accounts.get(sampler)
+        return acc.owed if acc else 0
+
+    def fill_ratio(self, sampler: str) -> float:
+        return self.fill.get(sampler, 1.0)
+
+    def free(self, waiting: int) -> int:
+        """Groups the learner lacks: its target less what waits and what leases owe."""
+        return max(0, self.target - waiting - self._owed)
+
+    def fair_part(self) -> int:
+        """What one sampler may owe at most: an equal part of the target among the samplers that asked lately."""
+        return max(1, math.ceil(self.target / max(1, len(self.askers))))
+
+    # ---- events ---------------------------------------------------------------------------------------
+    def grant(self, sampler: str, want: int, rate: float, version: int, waiting: int, now: float,
+              held: int | None = None) -> Lease:
+        """A lease for ``sampler``, which asks for up to ``want`` groups, makes ``rate`` groups a second (0:
+        unknown) and holds policy version ``held`` (default the learner's ``version``); ``waiting``: groups admitted
+        and waiting to be trained. Leases past their bounds are expired first."""
+        self._clock(version, now)
+        self.expire(version, now)
+        self.askers[sampler] = now
+        self.askers.move_to_end(sampler)
+        while self.askers and (next(iter(self.askers.values())) < now - self.ask_window_s
+                               or len(self.askers) > MAX_ASKERS):
+            self.askers.popitem(last=False)
+        held = version if held is None else min(held, version)
+        until = held + self.window - self.queue_lag
+        if until < version:  # its version is too old for any group of it to be trained: fetch a newer one first
+            self.counts["refused/behind"] += 1
+            return Lease(0, 0, until, now, self.min_retry_s)
+        acc = self.accounts.get(sampler)
+        own = acc.owed if acc else 0
+        part = max(1, math.floor(self.fair_part() * self.fill_ratio(sampler)))
+        groups = max(0, min(want, part - own, self.free(waiting)))
+        if groups == 0:
+            self.counts["empty"] += 1
+            return Lease(acc.lease_id if acc else 0, 0, acc.until_version if acc else until,
+                         acc.expires_at if acc else now, self.retry_s())
+        life = self.life(own + groups, rate)
+        if acc is None:
+            acc = self.accounts[sampler] = Account(self._next_id, 0, until, now + life)
+            self._next_id += 1
+        acc.owed, acc.granted, self._owed = acc.owed + groups, acc.granted + groups, self._owed + groups
+        acc.until_version, acc.expires_at = until, now + life
+        self.counts["granted"] += 1
+        self.counts["granted_groups"] += groups
+        return Lease(acc.lease_id, groups, until, acc.expires_at, self.retry_s())
+
+    def delivered(self, sampler: str, n: int, now: float) -> int:
+        """``n`` groups of ``sampler`` admitted: paid back from its lease; how many were (the rest came without a
+        lease, counted as ``unleased``). A lease paid in full closes, and counts as filled."""
+        acc = self.accounts.get(sampler)
+        paid = min(n, acc.owed) if acc else 0
+        self.counts["unleased"] += n - paid
+        if not paid:
+            return 0
+        acc.owed, acc.delivered, self._owed = acc.owed - paid, acc.delivered + paid, self._owed - paid
+        self.counts["delivered"] += paid
+        if acc.owed == 0:
+            self.counts["filled"] += 1
+            self._close(sampler, 1.0)
+        return paid
+
+    def expire(self, version: int, now: float) -> list[str]:
+        """End the leases past their time or whose ``until_version`` the learner's ``version`` passed: what they owe
+        is freed, and their samplers' fill ratios fall by the unfilled share. Returns those samplers."""
+        ended = [s for s, a in self.accounts.items() if a.expires_at <= now or a.until_version < version]
+        for s in ended:
+            acc = self.accounts[s]
+            self._owed -= acc.owed
+            self.counts["expired"] += 1
+            self.counts["expired_groups"] += acc.owed
+            self._close(s, acc.delivered / max(1, acc.granted))
+        return ended
+
+    def forget(self, sampler: str) -> None:
+        """``sampler`` is banned or gone: its lease ends (freed, not counted against it: it is gone) and it no longer
+        shares the target."""
+        acc = self.accounts.pop(sampler, None)
+        if acc is not None:
+            self._owed -= acc.owed
+            self.counts["forgotten"] += 1
+        self.askers.pop(sampler, None)
+        self.fill.pop(sampler, None)
+
+    def refuse(self, reason: str) -> None:
+        """A request refused before it reached the book (a banned peer, one over its rate limit)."""
+        self.counts[f"refused/{reason}"] += 1
+
+    # ---- sizing ---------------------------------------------------------------------------------------
+    def life(self, groups: int, rate: float) -> float:
+        """Seconds a lease of ``groups`` lives: ``LIFE_SLACK`` times what its sampler needs at ``rate`` (unknown:
+        the longest), bounded; never past the learner's steps until the window closes, when its pace is known."""
+        life = LIFE_SLACK * groups / rate if rate > 0 else self.max_life_s
+        return min(max(life, self.min_life_s), self.max_life_s)
+
+    def retry_s(self) -> float:
+        """When a sampler should ask again: about one of the learner's steps (room frees as it trains a share),
+        times how many samplers ask for each group of the target, bounded."""
+        step = self.step_s if self.step_s is not None else 1.0
+        crowd = max(1.0, len(self.askers) / self.target)
+        return min(max(step * crowd, self.min_retry_s), self.max_retry_s)
+
+    def will_age_out(self, group_version: int, version: int, waiting: int, share: int | None = None) -> bool:
+        """Whether a group of ``group_version``, admitted now behind ``waiting`` groups, would wait past the window
+        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on; ``share``:
+        the groups a step takes, by default the book's)."""
+        return version + waiting // max(1, share or self.share) - group_version > self.window
+
+    # ---- inside -----------------------------------------------------------------------------------------
+    def _close(self, sampler: str, outcome: float) -> None:
+        acc = self.accounts.pop(sampler)
+        if acc.granted:
+            ratio = (1 - FILL_WEIGHT) * self.fill_ratio(sampler) + FILL_WEIGHT * outcome
+            self.fill.pop(sampler, None)
+            if ratio < FULL_FILL:  # remembered, newest last (near 1: trusted again in full)
+                self.fill[sampler] = max(MIN_FILL, ratio)
+                while len(self.fill) > MAX_FILL_TRACKED:
+                    del self.fill[next(iter(self.fill))]
+
+    def _clock(self, version: int, now: float) -> None:
+        """The learner's pace: seconds a step, smoothed over the versions it reached."""
+        if version > self.version:
+            if self.version_at is not None and self.version >= 0:
+                dt = (now - self.version_at) / (version - self.version)
+                self.step_s = dt if self.step_s is None else 0.7 * self.step_s + 0.3 * dt
+            self.version, self.version_at = version, now

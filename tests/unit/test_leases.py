@@ -1,0 +1,180 @@
+"""The learner's leases, event by event: the pure book (p2prl/learner/leases.py) without threads, network or clock."""
+
+from p2prl.learner.leases import LeaseBook, MIN_FILL
+
+
+def book(share: int = 4, window: int = 8, **kw) -> LeaseBook:
+    return LeaseBook(share, window, queue_steps=2.0, max_queue=64, min_life_s=2.0, max_life_s=60.0,
+                     min_retry_s=0.2, max_retry_s=30.0, ask_window_s=60.0, **kw)
+
+
+def test_a_lease_is_granted_from_the_free_queue_and_closes_when_filled():
+    b = book()  # target: two steps of 4 groups
+    assert b.target == 8 and b.free(waiting=0) == 8
+    lease = b.grant("S1", want=16, rate=2.0, version=5, waiting=3, now=100.0)
+    assert lease.groups == 5 and lease.lease_id == 1  # the target less what waits
+    assert lease.until_version == 5 + 8 - 1  # a group delivered then waits about a step: trained inside the window
+    assert lease.expires_at == 100.0 + 3 * 5 / 2.0  # three times what the sampler needs at its rate
+    assert b.owed() == b.owed("S1") == 5 and b.free(waiting=3) == 0
+    assert b.delivered("S1", 2, now=101.0) == 2 and b.owed() == 3
+    assert b.delivered("S1", 4, now=102.0) == 3  # one more than it owed: counted as unleased
+    assert b.owed() == 0 and "S1" not in b.accounts
+    assert b.counts["filled"] == 1 and b.counts["delivered"] == 5 and b.counts["unleased"] == 1
+    assert b.fill_ratio("S1") == 1.0
+
+
+def test_a_lease_past_its_time_expires_frees_what_it_owes_and_lowers_its_samplers_fill_ratio():
+    b = book()
+    lease = b.grant("S1", want=4, rate=1.0, version=0, waiting=0, now=0.0)
+    assert lease.groups == 4 and lease.expires_at == 12.0
+    b.delivered("S1", 1, now=1.0)
+    assert b.expire(version=0, now=11.9) == [] and b.owed() == 3
+    assert b.expire(version=0, now=12.0) == ["S1"]
+    assert b.owed() == 0 and b.counts["expired"] == 1 and b.counts["expired_groups"] == 3
+    assert b.fill_ratio("S1") == 0.5 * 1.0 + 0.5 * 0.25
+
+
+def test_a_lease_ends_when_the_learners_version_passes_its_until_version():
+    b = book(window=4)
+    lease = b.grant("S1", want=2, rate=0.0, version=10, waiting=0, now=0.0)
+    assert lease.until_version == 13 and lease.expires_at == 60.0  # rate unknown: the longest life
+    assert b.expire(version=13, now=1.0) == [] and b.owed() == 2
+    assert b.expire(version=14, now=1.0) == ["S1"] and b.owed() == 0
+
+
+def test_a_sampler_holding_an_old_version_is_told_to_fetch_a_newer_one_first():
+    b = book(window=4)
+    lease = b.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=6)
+    assert lease.groups == 0 and lease.until_version == 9 and lease.retry_s == 0.2
+    assert b.counts["refused/behind"] == 1 and b.owed() == 0
+    assert b.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=7).groups == 2
+
+
+def test_a_sampler_that_never_delivers_loses_its_share_to_another():
+    b = book()
+    assert b.grant("S1", want=8, rate=1.0, version=0, waiting=0, now=0.0).groups == 8  # alone: the whole target
+    lease = b.grant("S2", want=8, rate=1.0, version=0, waiting=0, now=1.0)
+    assert lease.groups == 0 and lease.retry_s > 0  # S1 owes all of it
+    b.expire(version=0, now=24.0)  # S1's lease lived 3 x 8 / 1 s and brought nothing
+    assert b.owed() == 0 and b.fill_ratio("S1") == 0.5
+    assert b.grant("S2", want=8, rate=1.0, version=0, waiting=0, now=25.0).groups == 4  # half: S1 still asks
+    assert b.grant("S1", want=8, rate=1.0, version=0, waiting=0, now=26.0).groups == 2  # its part, halved
+
+
+def test_a_hoarder_gets_fewer_and_a_sampler_that_fills_its_leases_gets_its_whole_part_back():
+    b = book(share=8)  # target 16
+    for s in ("H", "F"):
+        b.grant(s, want=16, rate=1.0, version=0, waiting=0, now=0.0)
+    for i in range(4):  # H never fills; F fills every lease
+        t = 100.0 * (i + 1)
+        b.delivered("F", b.owed("F"), now=t)
+        b.expire(version=0, now=t)
+        assert b.owed("H") == 0
+        got = {s: b.grant(s, want=16, rate=1.0, version=0, waiting=0, now=t).groups for s in ("H", "F")}
+        assert got["F"] == 8
+    assert got["H"] == 1 and b.fill_ratio("H") == MIN_FILL  # a floor: one group still, when there is demand
+    for i in range(6):  # H mends its ways
+        t = 1000.0 + i
+        b.delivered("H", b.owed("H"), now=t)
+        b.grant("H", want=16, rate=1.0, version=0, waiting=0, now=t)
+    assert b.fill_ratio("H") == 1.0 and b.owed("H") == 16  # its whole part (F has not asked for a minute: all)
+
+
+def test_no_demand_means_no_groups_and_a_retry_from_the_learners_pace():
+    b = book()
+    for v in range(5):  # a step every 2 s
+        b.grant("S1", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
+    assert abs(b.step_s - 2.0) < 1e-9
+    lease = b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=8.5)  # the queue is full
+    assert lease.groups == 0 and lease.retry_s == 2.0 and b.counts["empty"] >= 1
+    for i in range(32):  # 33 samplers ask for a target of 8: each asks about 33 / 8 steps apart
+        b.grant(f"X{i}", want=4, rate=1.0, version=4, waiting=8, now=9.0)
+    assert b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=9.0).retry_s == 2.0 * 33 / 8
+    b.max_retry_s = 5.0
+    assert b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=9.0).retry_s == 5.0  # bounded
+
+
+def test_the_target_is_shared_fairly_among_the_samplers_asking():
+    b = book(share=6)  # target 12
+    got = [b.grant(s, want=12, rate=1.0, version=0, waiting=0, now=0.0).groups for s in ("A", "B", "C")]
+    assert got == [12, 0, 0]  # A asked first, alone
+    b.expire(version=0, now=36.0)  # A's lease (3 x 12 / 1 s) lapsed unfilled: its fill ratio halves
+    got = [b.grant(s, want=12, rate=1.0, version=0, waiting=0, now=36.0).groups for s in ("B", "C", "A")]
+    assert got == [4, 4, 2]  # three ask: a third of the target each (A's, halved)
+    assert b.owed() == 10 and sum(b.owed(s) for s in "ABC") == 10
+    # a sampler asking again while it owes its part gets nothing more
+    assert b.grant("B", want=12, rate=1.0, version=0, waiting=0, now=36.5).groups == 0
+    b.delivered("B", 4, now=37.0)
+    assert b.grant("B", want=12, rate=1.0, version=0, waiting=0, now=37.0).groups == 4  # a new lease, its part
+
+
+def test_samplers_that_stopped_asking_no_longer_share_the_target():
+    b = book(share=6)
+    b.grant("A", want=0, rate=1.0, version=0, waiting=0, now=0.0)
+    assert b.grant("B", want=12, rate=1.0, version=0, waiting=0, now=30.0).groups == 6
+    b.delivered("B", 6, now=31.0)
+    assert b.grant("B", want=12, rate=1.0, version=0, waiting=0, now=61.0).groups == 12  # A quiet for a minute
+
+
+def test_a_forgotten_sampler_frees_what_it_owes_and_an_admitted_group_past_the_window_is_foreseen():
+    b = book()
+    b.grant("S1", want=8, rate=1.0, version=0, waiting=0, now=0.0)
+    b.forget("S1")
+    assert b.owed() == 0 and not b.askers and b.counts["forgotten"] == 1
+    b.refuse("banned")
+    assert b.counts["refused/banned"] == 1
+    # learner at v10, window 8, 4 groups a step: a v3 group behind 4 waiting groups is trained at v11: lag 8
+    assert not b.will_age_out(3, 10, waiting=4)
+    assert b.will_age_out(3, 10, waiting=8)  # behind 8: trained at v12, lag 9
+    assert b.will_age_out(1, 10, waiting=0)
+    assert not b.will_age_out(3, 10, waiting=8, share=8) and b.will_age_out(3, 10, waiting=16, share=8)
+
+
+# ---- the learner's ``lease`` handler (p2prl/learner/intake.py) over its state -------------------------------
+def learner_intake(tmp_path, caplog=None):
+    import asyncio
+
+    from p2prl.config import load_config
+    from p2prl.learner.intake import RolloutIntake
+    from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+    from p2prl.learner.state import LearnerState
+    from p2prl.rollout.record import Limits
+    from p2prl.trust.reputation import Reputation
+
+    cfg = load_config(None, ["train.groups_per_step=4", "staleness.max_staleness=4", "trust.ban_threshold=2"])
+    ledger = GroupLedger(4, 8, OwnGroupFiles(tmp_path / "own", Limits()))
+    rep = Reputation(cfg.trust)
+    it = RolloutIntake(cfg.flow, 4, Limits(), LearnerState(ledger), verifier=None, spot=None, reputation=rep,
+                       version=lambda: 6, latest=lambda: None, learners=lambda: 1)
+    return it, rep, lambda req: asyncio.run(it.on_lease("12D3KooWsampler", req))
+
+
+def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_suspect_peers(tmp_path, caplog):
+    import logging
+
+    from p2prl.net.messages import LeaseRequest, MessageError
+
+    it, rep, ask = learner_intake(tmp_path)
+    reply = ask(LeaseRequest(want=16, rate=2.0, version=6))
+    assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 4 - 1, 6, 0)
+    assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1
+    assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
+    import time
+
+    for peer in ("12D3KooWsampler", "12D3KooWother"):  # two active senders: half the queue each, 4 groups ...
+        it.state.sent(peer, time.monotonic(), 0.0)
+    assert it.room("12D3KooWother") == 4 and it.room("12D3KooWsampler") == 8  # ... but what its lease owes is room
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.intake"):
+        it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # garbage: suspect from now on
+        refused = ask(LeaseRequest(want=16, rate=2.0, version=6))
+        assert refused.groups == 0 and refused.retry_s == 30.0
+        it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # the second: banned
+        assert rep.banned("12D3KooWsampler") and ask(LeaseRequest(want=1, rate=1.0, version=6)).groups == 0
+    counts = it.state.report()["counts"]
+    assert counts["lease/refused/suspect"] == 1 and counts["lease/refused/banned"] == 1
+    assert counts["lease/refused/bad_request"] == 2 and counts["lease/granted"] == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "p2prl.learner.intake"] == [
+        "bad lease request from ampler: bad_field: field 'want' (1 so far)",
+        "refused a lease to ampler: suspect (1 so far)",
+        "bad lease request from ampler: bad_field: field 'want' (2 so far)",
+        "refused a lease to ampler: banned (1 so far)"]
