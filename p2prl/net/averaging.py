@@ -150,9 +150,13 @@ def encode(grad: torch.Tensor, marker: int, out: torch.Tensor | None = None) -> 
     saturated, top = 0, 0.0
     for i in range(0, blocks, _ROWS):
         part = body[i : i + _ROWS]
-        saturated += int((part.abs() > G_LIMIT).sum())
-        part.clamp_(-G_LIMIT, G_LIMIT)  # NaN stays NaN (a rogue's; refused by every member's decode)
-        top = max(top, float(torch.nan_to_num(part.abs(), nan=0.0).max()))
+        mag = part.abs()
+        most = float(mag.amax())
+        if not most <= G_LIMIT:  # values to clamp, or a NaN (a rogue's: every member's decode refuses the round)
+            saturated += int((mag > G_LIMIT).sum())
+            part.clamp_(-G_LIMIT, G_LIMIT)  # NaN stays NaN
+            most = float(torch.nan_to_num(mag.clamp_(max=G_LIMIT), nan=0.0).amax())
+        top = max(top, most)
     rows[:, BLOCK] = float(marker)
     return out, saturated, top
 
@@ -212,17 +216,25 @@ def decode(buf: torch.Tensor, n: int, total_weight: int, marker_sum: int, expone
     bad = int((rows[:, BLOCK] != marker_sum).sum())
     if bad:
         raise RoundFailed("partial", f"{bad} of {rows.shape[0]} blocks were summed over another set of learners")
-    out = torch.empty(rows.shape[0] * BLOCK, dtype=torch.float32)
+    out = torch.empty(rows.shape[0], BLOCK, dtype=torch.float32)
+    # S / total_weight rounded once in float32, then times 2**-exponent (exact while the result is a normal float32);
+    # where 2**-exponent is no float32, S / (total_weight * 2**exponent) in float64, rounded to float32
+    in_float32 = -126 <= -exponent <= 127
+    scale = total_weight * 2.0**exponent
     for i in range(0, rows.shape[0], _ROWS):
         body = rows[i : i + _ROWS, :BLOCK]
         # honest members' values sum within +-BOUND; NaN fails the comparison too. A rogue member's raw vector is
         # the only way past it: refused.
-        if not bool((body.abs() <= BOUND).all()):
+        low, high = (float(x) for x in torch.aminmax(body))
+        if not -BOUND <= low <= high <= BOUND:
             finite = bool(torch.isfinite(body).all())
             raise RoundFailed("non_finite" if not finite else "out_of_range",
                               "a member sent values no learner can (non-finite or beyond the bound)")
-        out[i * BLOCK : (i + body.shape[0]) * BLOCK] = body.double().mul_(2.0**-exponent).div_(total_weight).reshape(-1)
-    return out[:n]
+        if in_float32:
+            torch.div(body, float(total_weight), out=out[i : i + _ROWS]).mul_(2.0**-exponent)
+        else:
+            out[i : i + _ROWS].copy_(body.double().div_(scale))
+    return out.view(-1)[:n]
 
 
 def error_bound(members: int, total_weight: int, exponent: int) -> float:
@@ -351,7 +363,7 @@ class GradientRounds:
                                                    target_group_size=target_group_size, wait_s=wait_s,
                                                    timeout_s=timeout_s, prepare=None if rule else prepare_round)
         blob = WIRE_BYTES * n_params
-        self.exchange = BlobExchange(node, blob, self.timeout.limit(blob * target_group_size)) if rule else None
+        self.exchange = BlobExchange(node, blob, self.timeout.limit(blob)) if rule else None  # a stream: one blob
         self.saturated = 0
 
     def average(self, grad: torch.Tensor, weight: int, version: int, sha256: str, groups: list[list],

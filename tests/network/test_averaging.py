@@ -144,3 +144,15 @@ def test_a_round_sends_4_bytes_a_value_each_way():
     assert wire_bytes(buffer_size(n), 2) == 4 * buffer_size(n)  # half the vector out, half the sums back
     assert wire_bytes(buffer_size(n), 1) == 0
     assert wire_bytes(buffer_size(n), 8) == round(8 * buffer_size(n) * 7 / 8)
+
+
+@pytest.mark.parametrize("scale", [1e-36, 1e-30])  # 1e-36: 2**-s beyond float32, divided in float64
+def test_tiny_or_huge_gradients_keep_the_same_bound(scale):
+    n = BLOCK + 3
+    grads = [torch.randn(n, generator=torch.Generator().manual_seed(s)) * scale for s in (4, 5)]
+    bufs, exponent = round_of(grads, [2, 6], [1, 2])
+    assert (-126 <= -exponent <= 127) == (scale > 1e-36)
+    decoded = [decode(r, n, 8, 3, exponent) for r in reduce(bufs)]
+    assert torch.equal(decoded[0].view(torch.int32), decoded[1].view(torch.int32))
+    want = (2 * grads[0].double() + 6 * grads[1].double()) / 8
+    assert bool(((decoded[0].double() - want).abs() <= error_bound(2, 8, exponent) + want.abs() * 2.0**-24).all())
