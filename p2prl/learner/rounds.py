@@ -81,12 +81,12 @@ class LearnerRounds:
         except OSError as e:
             raise disk_error(self.out, e, f"the own groups of v{self.core.version + 1}") from e
         try:
-            rounds = self.gradient_rounds()
-            got = rounds.average(grad, alone.round.weight, self.core.version, sha256, tags, 1 + others)
+            got = self.gradient_rounds().average(grad, alone.round.weight, self.core.version, sha256, tags,
+                                                 1 + others)
             self.bad_members(got.bad)
             # what the round cost on the wire (the scale benchmark reads these from metrics.jsonl)
             m.update({"round/bytes": got.bytes_sent, "round/bytes_per_param": got.bytes_sent / self.core.n_params,
-                      "round/seconds": got.seconds, "round/link_mbps": rounds.timeout.bandwidth() * 8 / 1e6})
+                      "round/seconds": got.seconds, "round/limit_s": got.limit_s})
             return Step(batch, got, m, t0)
         except RoundFailed as e:
             self.bad_members(e.bad)

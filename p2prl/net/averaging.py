@@ -285,6 +285,7 @@ class Round:
     bad: dict[str, str] = field(default_factory=dict)  # robust mode: members left out (peer id -> reason)
     bytes_sent: int = 0  # bytes this learner sent for the round's gradients (computed from the round's shape)
     seconds: float = 0.0  # how long the exchange of gradients took (all-reduce, or robust mode's fetches)
+    limit_s: float = 0.0  # the time limit it had (``RoundTimeout``)
 
 
 def _valid_tags(tags) -> bool:
@@ -412,7 +413,7 @@ class GradientRounds:
         sent, seconds = wire_bytes(length, len(members)), self.allreduce.seconds or 0.0
         self.timeout.observe(sent, seconds)
         return Round(grad, len(members), total, sorted(t for m in members.values() for t in m["groups"]),
-                     bytes_sent=sent, seconds=seconds)
+                     bytes_sent=sent, seconds=seconds, limit_s=limit)
 
     def _gather(self, meta: dict, size: int, limit: float) -> dict[str, dict]:
         """Form the round's group (stop waiting at ``size`` members; the all-reduce within ``limit`` seconds) and
@@ -463,7 +464,8 @@ class GradientRounds:
         senders = [p for p, m in members.items() if m["weight"]]  # sorted by peer id
         wanted = {p: members[p]["digest"] for p in senders if p != me}
         t0 = time.monotonic()
-        blobs = self.exchange.fetch(wanted, self.timeout.limit(len(blob) * len(wanted)))
+        limit = self.timeout.limit(len(blob) * len(wanted))
+        blobs = self.exchange.fetch(wanted, limit)
         seconds = time.monotonic() - t0
         if digest:
             blobs[me] = blob
@@ -491,7 +493,8 @@ class GradientRounds:
         self.timeout.observe(len(blob) * len(wanted), seconds)
         # every other member fetches this learner's float32 gradient once: 4 bytes per value to each
         sent = len(blob) * (len(members) - 1) if digest else 0
-        return Round(aggregate(grads, self.rule), len(members), total, tags, bad, bytes_sent=sent, seconds=seconds)
+        return Round(aggregate(grads, self.rule), len(members), total, tags, bad, bytes_sent=sent, seconds=seconds,
+                     limit_s=limit)
 
     def shutdown(self) -> None:
         try:
