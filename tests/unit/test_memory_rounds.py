@@ -91,6 +91,7 @@ def test_robust_members_fetch_each_others_gradients_over_streams_and_agree():
         got = together(rounds, g, [4, 4, 4], expected=3)
         assert all(torch.equal(r.grad, got[0].grad) for r in got) and got[0].learners == 3 and not got[0].bad
         assert got[0].grad.abs().max() < 10
+        assert {r.bytes_sent for r in got} == {4 * N * 2}  # float32 blobs: 4 bytes a value to each other member
     finally:
         for r, node in zip(rounds, nodes):
             r.shutdown()
