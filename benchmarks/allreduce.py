@@ -6,9 +6,10 @@ Two peers, each a separate process with its own hivemind DHT + p2pd on 127.0.0.1
 settings): this process and one child process (own session, killed by process group at the end).
 Each peer averages a float32 vector of N values (its own seeded ``randn * 0.01``) with the other:
 
-* p2prl: ``GradientRounds.average`` (the learner's code path: fixed-point encode into float64 with a
-  marker slot every 1024 values, matchmaking on the version's group bits, all-reduce in a float64
-  averager process, gathered metadata checked, exact decode); timed from the call to its return;
+* p2prl: ``GradientRounds.average`` (the learner's code path: the gradient copied into the averager's
+  float32 tensor with a marker slot every 1024 values, matchmaking on the version's group bits, the
+  round's fixed point made in the averager process once the group formed, an all-reduce whose reducers
+  sum, gathered metadata checked, exact decode); timed from the call to its return;
 * plain: a ``hivemind.DecentralizedAverager`` over one float32 tensor of N values with the same
   settings (target_group_size = min_group_size = 2, min_matchmaking_time = the learner default
   ``rounds.wait_s``, request_timeout, allreduce_timeout = ``rounds.timeout_s``,
@@ -25,8 +26,9 @@ every 2 ms, the same for both kinds) to separate matchmaking from the all-reduce
 
 Bytes: with 2 peers, hivemind's butterfly all-reduce has each peer reduce half the vector, so each
 peer sends half its vector to the other and the averaged half back: N values per peer. Plain
-sends float32 (4 N bytes); p2prl sends float64 with one marker per 1024 values
-(8 x 1025/1024 N bytes = 2.002 x the plain bytes). Measured: the TCP bytes each peer's p2pd had
+sends float32 (4 N bytes); p2prl sends float32 too, with one marker per 1024 values
+(4 x 1025/1024 N bytes = 1.001 x the plain bytes; 8 x 1025/1024 N bytes, float64, before the rounds went
+to float32). Measured: the TCP bytes each peer's p2pd had
 acknowledged on its connections to the other peer (``ss -ti``, before/after the round): payload
 plus libp2p framing and encryption, matchmaking and DHT traffic.
 
@@ -300,7 +302,7 @@ def main() -> None:
         cmd_fd, reply_fd, maddr, log_path = args.peer
         return serve_peer(int(cmd_fd), int(reply_fd), maddr, log_path, args.wait_s, args.timeout_s)
 
-    from p2prl.net.averaging import buffer_size
+    from p2prl.net.averaging import WIRE_BYTES, buffer_size
 
     logging.basicConfig(level=logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="p2prl-bench-"))
@@ -412,7 +414,7 @@ def main() -> None:
     for n in args.sizes:
         res, p, q = results[n], results[n]["p2prl"], results[n]["plain"]
         both = sorted(set(p["rounds"]) & set(q["rounds"]))
-        calc_plain, calc_p2prl = 4 * n, 8 * buffer_size(n)
+        calc_plain, calc_p2prl = 4 * n, WIRE_BYTES * buffer_size(n)
         if not both:
             rows.append(f"| {label(n)} | failed | failed | | | | | {calc_plain / 1e6:.1f} / {calc_p2prl / 1e6:.1f} | | | |")
             continue
@@ -471,17 +473,18 @@ def main() -> None:
         f"{2 * args.wait_s + 1:g} s, no retries. MB = 10^6 bytes. Load average (1 min) of the shared machine: "
         f"{load_start:.1f} at the start, {load_end:.1f} at the end."
         "\n\nBytes: with 2 peers each peer sends half its vector to the other for reduction and the averaged half back, "
-        "N values in all: plain float32 = 4 N bytes, p2prl float64 with one marker slot per 1024 values = "
-        "8 x 1025/1024 N bytes = 2.002x the plain bytes. The measured column is the sum over both peers' p2pd TCP "
+        "N values in all: plain float32 = 4 N bytes, p2prl float32 with one marker slot per 1024 values = "
+        "4 x 1025/1024 N bytes = 1.001x the plain bytes. The measured column is the sum over both peers' p2pd TCP "
         "connections to each other (`ss -ti` bytes_acked, before/after the round): 2x one peer's computed figure plus "
         "libp2p framing, encryption, matchmaking and DHT traffic."
         "\n\nBit identity (sha256 of each peer's result, compared per round; largest difference of either peer's result "
         "from the float64 mean of the two inputs rounded to float32): " + "; ".join(identity)
-        + ". p2prl's resolution is 2^-24 = 6.0e-08 per value, so its results are within 3.0e-08 of the mean by design."
+        + ". p2prl's resolution is 2 x 2^-22 of the largest |value| of the round (averaging.py), plus float32's "
+        "rounding of the result."
         "\n\nWhere the time goes (medians): " + "; ".join(dominant) + ". "
-        "p2prl's encode and decode are CPU and memory work the plain averager does not have (the float64 buffer of "
-        "8 x 1025/1024 N bytes filled and read on each side of the round), and its averager step moves and reduces "
-        "twice the bytes. Both peers share the same 2 cores here, so the two peers' encodes (and decodes, and the two "
+        "p2prl's encode and decode are CPU and memory work the plain averager does not have (the float32 buffer of "
+        "4 x 1025/1024 N bytes filled and read on each side of the round), and its averager step also converts that "
+        "buffer to the round's fixed point once the group formed. Both peers share the same 2 cores here, so the two peers' encodes (and decodes, and the two "
         "averagers' reductions) run at the same time on them, with other jobs of the shared machine."
         + (f" Matchmaking took {med(mm_all):.2f} s (median, max {max(mm_all):.2f} s) over all counted rounds: with "
            f"target_group_size = 2 the round starts once both joined, well before min_matchmaking_time ({args.wait_s:g} s)."

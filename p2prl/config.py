@@ -394,8 +394,15 @@ class RoundsConfig(_Section):
     """How long a learner looks for others to average a round with (at most a minute: DHT nodes keep a round's
     declarations for at most ``owned.MAX_BYTES_TTL_S``, 120 s)."""
     timeout_s: float = Field(30.0, gt=0.5, le=3600.0)
-    """Bound on one gradient round (matchmaking and all-reduce); a dead learner stalls the others at most this long per
-    round."""
+    """The part of a round's all-reduce time limit that does not depend on its size, and its floor: the limit is
+    `timeout_s` + 3 x the round's bytes at the link's bandwidth (the slowest of the last 8 rounds' measured, or
+    `bandwidth_mbps` before any), at most `timeout_max_s`; a round that ran out of time makes the next one's longer. A
+    dead learner stalls the others at most this limit per round (matchmaking has its own, 2 x `wait_s` + 1 s)."""
+    timeout_max_s: float = Field(3600.0, gt=0.5, le=86400.0)
+    """Ceiling of a round's all-reduce time limit (never below `timeout_s`)."""
+    bandwidth_mbps: float = Field(100.0, gt=0.0, le=1e6)
+    """Link bandwidth (Mbit/s) a learner assumes for its first gradient round's time limit, before it has measured
+    any."""
     history_versions: int = Field(256, ge=1, le=65536)
     """Versions a learner remembers (hashes, trained group ids, its own groups on disk) so that when its history loses
     to another learner's it can retrain its own groups of the lost versions."""

@@ -32,7 +32,7 @@ class LearnerReport:
     weights_uploads: int
     weights_bad_requests: int
     dht_errors: int
-    rounds_saturated: int  # gradient values clamped to the fixed-point range so far
+    rounds_saturated: int  # gradient values clamped to averaging.G_LIMIT so far
     membership: dict[str, int]  # ``membership/<event>``: hello exchanges and their failures
     spot: dict[str, float]  # log-prob spot checks
     bans_and_limits: dict[str, int]  # ``trust_counts``

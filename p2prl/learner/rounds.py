@@ -84,6 +84,9 @@ class LearnerRounds:
             got = self.gradient_rounds().average(grad, alone.round.weight, self.core.version, sha256, tags,
                                                  1 + others)
             self.bad_members(got.bad)
+            # what the round cost on the wire (the scale benchmark reads these from metrics.jsonl)
+            m.update({"round/bytes": got.bytes_sent, "round/bytes_per_param": got.bytes_sent / self.core.n_params,
+                      "round/seconds": got.seconds, "round/limit_s": got.limit_s})
             return Step(batch, got, m, t0)
         except RoundFailed as e:
             self.bad_members(e.bad)
@@ -112,14 +115,15 @@ class LearnerRounds:
             rule = None if r.aggregation == "mean" else Rule(r.aggregation, r.clip_norm, r.trim, r.tau, r.iterations)
             self.rounds = GradientRounds(self.node, key(self.cfg.net.run_id, "grads"), self.core.n_params,
                                          target_group_size=r.group_size, wait_s=r.wait_s, timeout_s=r.timeout_s,
-                                         rule=rule, authorized=self.node.trust.authorized)
+                                         rule=rule, authorized=self.node.trust.authorized,
+                                         timeout_max_s=r.timeout_max_s, bandwidth_bps=r.bandwidth_mbps * 1e6 / 8)
             if rule is not None:
                 log.info("gradient rounds aggregate robustly: %s", rule.describe())
         return self.rounds
 
     @property
     def saturated(self) -> int:
-        """Gradient values clamped to the fixed-point range so far."""
+        """Gradient values clamped to ``averaging.G_LIMIT`` so far."""
         return self.rounds.saturated if self.rounds else 0
 
     def shutdown(self) -> None:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import os
 import secrets
 import threading
 import time
@@ -35,7 +34,6 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, ContextManager, Iter
 
 import msgpack
 
-from p2prl.procs import exit_with_parent
 from p2prl.net import peerbook
 from p2prl.trust import owned
 from p2prl.net.dht import shutdown_dht, start_dht, wait_for_peers_file
@@ -47,6 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 StreamHandler = Callable[[str, asyncio.StreamReader, "asyncio.StreamWriter"], Awaitable[None]]
+Prepare = Callable[[str, dict, "torch.Tensor"], None]  # (own peer id, {peer id: gathered metadata}, own tensor)
 
 
 # ---- what roles use of a node (``SwarmNode``, its ``records``) ---------------------------------------
@@ -112,17 +111,21 @@ class WeightSource(Protocol):
 # ---- what gradient rounds need of a network ---------------------------------------------------------
 class AllReduce(Protocol):
     """One learner's place in gradient rounds (``averaging.py``): peers that step under the same group bits meet in
-    a group of at most ``group_size`` (at least two), and each gets back the weighted mean of the members' tensors,
-    in place, and every member's metadata."""
+    a group of at most ``group_size`` (at least two); once it formed, each member's ``prepare(its peer id, {peer id:
+    metadata}, its tensor)`` runs (when given), and each gets back the sum of the members' tensors (float32; exact
+    for integers whose partial sums stay below 2**24), in place, and every member's metadata."""
 
     peer_id: str
+    seconds: float | None  # how long the last step's all-reduce took (prepare included); None if none began
 
     def tensors(self) -> ContextManager[list[torch.Tensor]]:
-        """The tensor to average (one, as made), to write before a step and read after it."""
+        """The tensor to sum (one, as made), to write before a step and read after it."""
 
-    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
-        """Join a round under ``group_bits`` with ``weight`` and metadata ``gather``; wait up to ``timeout`` s for a
-        group and its all-reduce: {peer id: its metadata} of every member (raises when no group formed)."""
+    def step(self, group_bits: str, group_size: int, gather: dict, timeout: float,
+             allreduce_timeout: float) -> dict[str, Any]:
+        """Join a round under ``group_bits`` with metadata ``gather``; wait up to ``timeout`` s for a group, then up
+        to ``allreduce_timeout`` s for its all-reduce: {peer id: its metadata} of every member (raises when no group
+        formed or the all-reduce failed)."""
 
     def shutdown(self) -> None: ...
 
@@ -162,9 +165,10 @@ class Transport(Protocol):
 
     # what the roles need of the network
     def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
-                   timeout_s: float) -> AllReduce:
-        """Rounds under ``prefix`` averaging ``tensor`` (float64): a group forms once ``target_group_size`` peers
-        joined, or with those that joined within ``wait_s``; its all-reduce has ``timeout_s``."""
+                   timeout_s: float, prepare: Prepare | None = None) -> AllReduce:
+        """Rounds under ``prefix`` summing ``tensor`` (float32): a group forms once ``target_group_size`` peers
+        joined, or with those that joined within ``wait_s``; its all-reduce has ``timeout_s`` unless a step says
+        otherwise. ``prepare``: see ``AllReduce``."""
 
     def seen_peers(self, timeout_s: float) -> list[peerbook.KnownPeer] | None:
         """Peers it is connected to now that serve the DHT, with their addresses (the peer book's); None when that
@@ -283,8 +287,8 @@ class HivemindTransport:
                 return []
 
     def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
-                   timeout_s: float) -> HivemindAllReduce:
-        return HivemindAllReduce(self.dht, prefix, tensor, target_group_size, wait_s, timeout_s)
+                   timeout_s: float, prepare: Prepare | None = None) -> HivemindAllReduce:
+        return HivemindAllReduce(self.dht, prefix, tensor, target_group_size, wait_s, timeout_s, prepare)
 
     def seen_peers(self, timeout_s: float) -> list[peerbook.KnownPeer] | None:
         return self.dht.run_coroutine(peerbook.seen_in_dht, return_future=True).result(timeout=timeout_s)
@@ -352,63 +356,32 @@ def _not_a_failed_step(record: logging.LogRecord) -> bool:
 logging.getLogger("hivemind.averaging.averager").addFilter(_not_a_failed_step)
 
 
-def _make_averager_class():
-    import hivemind
-    import torch
-
-    class ExactAverager(hivemind.DecentralizedAverager):
-        """A DecentralizedAverager whose reducers accumulate in float64 (exact for our integers), and whose
-        process ends with the learner that started it, however that learner dies."""
-
-        def __init__(self, *args, **kwargs):
-            self._owner = os.getpid()  # before the base class starts the process
-            super().__init__(*args, **kwargs)
-
-        def run(self):  # runs in the averager's own process
-            exit_with_parent(self._owner)
-            torch.set_default_dtype(torch.float64)
-            super().run()
-
-        def set_round(self, group_bits: str, group_size: int) -> None:
-            """Matchmaking key bits and the group size to stop waiting at, for the next round."""
-            from hivemind.utils.mpfuture import MPFuture
-
-            future = MPFuture()
-            self._outer_pipe.send(("_set_round", [], dict(group_bits=group_bits, group_size=group_size, future=future)))
-            future.result()
-
-        async def _set_round(self, group_bits: str, group_size: int, future) -> None:
-            try:
-                mm = self._matchmaking
-                mm.group_key_manager.group_bits = group_bits
-                mm.target_group_size = mm.potential_leaders.target_group_size = group_size
-                future.set_result(None)
-            except Exception as e:
-                if not future.done():
-                    future.set_exception(e)
-
-    return ExactAverager
-
-
 class HivemindAllReduce:
-    """Rounds over hivemind's ``DecentralizedAverager`` (``averager``: its process accumulates in float64), on a DHT:
-    matchmaking under ``prefix`` and the round's group bits, at least two members."""
+    """Rounds over hivemind's ``DecentralizedAverager`` (``averager``: its reducers sum), on a DHT: matchmaking under
+    ``prefix`` and the round's group bits, at least two members."""
 
     def __init__(self, dht, prefix: str, tensor: torch.Tensor, target_group_size: int, wait_s: float,
-                 timeout_s: float):
-        self.averager = _make_averager_class()(
+                 timeout_s: float, prepare: Prepare | None = None):
+        from p2prl.net.exact_averager import ExactAverager  # hivemind's averager: imported only when rounds start
+
+        self.averager = ExactAverager(
             averaged_tensors=[tensor], dht=dht, prefix=prefix, target_group_size=target_group_size, min_group_size=2,
             min_matchmaking_time=wait_s, request_timeout=min(wait_s / 2, 3.0), allreduce_timeout=timeout_s,
-            next_chunk_timeout=max(1.0, timeout_s / 4), start=True,
+            next_chunk_timeout=max(1.0, timeout_s / 4), start=True, prepare=prepare,
         )
         self.peer_id = str(self.averager.peer_id)
+
+    @property
+    def seconds(self) -> float | None:
+        return self.averager.seconds
 
     def tensors(self) -> ContextManager[list[torch.Tensor]]:
         return self.averager.get_tensors()
 
-    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
-        self.averager.set_round(group_bits, group_size)
-        gathered = self.averager.step(gather=gather, weight=weight, timeout=timeout, allow_retries=False)
+    def step(self, group_bits: str, group_size: int, gather: dict, timeout: float,
+             allreduce_timeout: float) -> dict[str, Any]:
+        self.averager.set_round(group_bits, group_size, allreduce_timeout)
+        gathered = self.averager.step(gather=gather, weight=1.0, timeout=timeout, allow_retries=False)
         return {str(peer): m for peer, m in (gathered or {}).items()}
 
     def shutdown(self) -> None:
@@ -523,8 +496,8 @@ class MemoryTransport:
         return [f"/memory/p2p/{self.peer_id}"]
 
     def all_reduce(self, prefix: str, tensor: torch.Tensor, *, target_group_size: int, wait_s: float,
-                   timeout_s: float) -> MemoryAllReduce:
-        return MemoryAllReduce(self.swarm, self.peer_id, prefix, tensor, wait_s)
+                   timeout_s: float, prepare: Prepare | None = None) -> MemoryAllReduce:
+        return MemoryAllReduce(self.swarm, self.peer_id, prefix, tensor, wait_s, prepare)
 
     def seen_peers(self, timeout_s: float) -> None:
         return None  # no addresses to dial again
@@ -534,26 +507,31 @@ class MemoryTransport:
 
 
 class _MemoryGroup:
-    """A round's group forming under one key: members' (tensor, weight, metadata), closed once full or, with at
-    least two members, ``wait_s`` after it opened; then ``gathered`` holds every member's metadata and ``mean`` the
-    weighted mean."""
+    """A round's group forming under one key: members' (tensor, metadata, prepare), closed once full or, with at least
+    two members, ``wait_s`` after it opened; then ``gathered`` holds every member's metadata and ``sum`` the sum."""
 
     def __init__(self, size: int, wait_s: float):
         self.size, self.until = size, time.monotonic() + wait_s
-        self.members: dict[str, tuple[torch.Tensor, float, bytes]] = {}
+        self.members: dict[str, tuple[torch.Tensor, bytes, Prepare | None]] = {}
         self.gathered: dict[str, Any] | None = None
-        self.mean: torch.Tensor | None = None
+        self.sum: torch.Tensor | None = None
+        self.seconds = 0.0
 
     def close(self) -> None:
-        """Sum the members' tensors weighted, in float64, in peer id order; divide by the total weight (every member
-        gets these same bits)."""
-        total = sum(w for _, w, _ in self.members.values())
+        """Prepare every member's tensor (with its own ``prepare``), sum them in float64 in peer id order, as float32
+        (every member gets these same bits)."""
+        import torch
+
+        t0 = time.monotonic()
+        self.gathered = {p: msgpack.unpackb(m) for p, (_, m, _) in sorted(self.members.items())}
         acc = None
         for peer in sorted(self.members):
-            t, w, _ = self.members[peer]
-            acc = t * w if acc is None else acc.add_(t * w)
-        self.mean = acc.div_(total) if total > 0 else acc
-        self.gathered = {p: msgpack.unpackb(m) for p, (_, _, m) in sorted(self.members.items())}
+            t, _, prepare = self.members[peer]
+            if prepare is not None:
+                prepare(peer, self.gathered, t)
+            acc = t.double() if acc is None else acc.add_(t.double())
+        self.sum = acc.to(torch.float32)
+        self.seconds = time.monotonic() - t0
 
 
 class MemoryAllReduce:
@@ -561,21 +539,24 @@ class MemoryAllReduce:
     group (``_MemoryGroup``), which closes at the step's group size or, with at least two members, ``wait_s`` after
     its first member came; a member left alone until its step's timeout leaves and fails, as in hivemind."""
 
-    def __init__(self, swarm: MemorySwarm, peer_id: str, prefix: str, tensor: torch.Tensor, wait_s: float):
+    def __init__(self, swarm: MemorySwarm, peer_id: str, prefix: str, tensor: torch.Tensor, wait_s: float,
+                 prepare: Prepare | None = None):
         self.swarm, self.peer_id, self.prefix, self.tensor, self.wait_s = swarm, peer_id, prefix, tensor, wait_s
+        self.prepare = prepare
         self.lock = threading.Lock()
+        self.seconds: float | None = None
 
     @contextmanager
     def tensors(self) -> Iterator[list[torch.Tensor]]:
         with self.lock:
             yield [self.tensor]
 
-    def step(self, group_bits: str, group_size: int, gather: dict, weight: float, timeout: float) -> dict[str, Any]:
-        import torch
-
+    def step(self, group_bits: str, group_size: int, gather: dict, timeout: float,
+             allreduce_timeout: float) -> dict[str, Any]:
         key, deadline = f"{self.prefix}/{group_bits}", time.monotonic() + timeout
+        self.seconds = None
         with self.lock:
-            mine = (self.tensor.to(torch.float64, copy=True), float(weight), msgpack.packb(gather))
+            mine = (self.tensor.clone(), msgpack.packb(gather), self.prepare)
         with self.swarm.rounds:
             group = self.swarm.groups.get(key)
             if group is None or group.gathered is not None:
@@ -596,7 +577,8 @@ class MemoryAllReduce:
             if self.swarm.groups.get(key) is group:
                 del self.swarm.groups[key]
         with self.lock:
-            self.tensor.copy_(group.mean)
+            self.tensor.copy_(group.sum)
+        self.seconds = group.seconds
         return group.gathered
 
     def shutdown(self) -> None:

@@ -2,7 +2,8 @@
 
 Usage: avg_peer.py OUT_DIR NAME SEED WEIGHT N [MADDR] [--die-in-allreduce] [--scenarios=AGG:ATTACK,...] [--rogue]
 Writes NAME.maddr (its DHT address) and NAME.ready, waits for OUT_DIR/go, then writes
-NAME.npy (the averaged gradient) and NAME.group, or NAME.err (why the round failed).
+NAME.npy (the averaged gradient) and NAME.group, or NAME.err (why the round failed), and
+serves until OUT_DIR/stop (at most 60 s).
 With --die-in-allreduce the peer SIGKILLs itself (and its DHT and averager processes)
 once the all-reduce has begun.
 
@@ -36,10 +37,10 @@ def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) ->
     from hivemind.averaging.control import AveragingStage
 
     with rounds.allreduce.averager.get_tensors() as tensors:
-        tensors[0].copy_(encode(grad, 12345)[0])
-    rounds.allreduce.averager.set_round(group_bits(7), rounds.max_group)
-    control = rounds.allreduce.averager.step(gather={"version": 7, "sha256": "ab" * 32, "weight": weight, "marker": 12345, "groups": []},
-                                   weight=float(weight), timeout=20, allow_retries=False, wait=False)
+        top = encode(grad, 12345, out=tensors[0])[2]
+    rounds.allreduce.averager.set_round(group_bits(7), rounds.max_group, 20.0)
+    meta = {"version": 7, "sha256": "ab" * 32, "weight": weight, "marker": 12345, "amax": weight * top, "groups": []}
+    control = rounds.allreduce.averager.step(gather=meta, weight=1.0, timeout=20, allow_retries=False, wait=False)
     while control.stage != AveragingStage.RUNNING_ALLREDUCE:
         threading.Event().wait(0.001)
     os.killpg(os.getpid(), signal.SIGKILL)
@@ -113,6 +114,9 @@ def main() -> None:
         (out / f"{name}.group").write_text(f"{r.learners} {r.weight}")
     except RoundFailed as e:
         (out / f"{name}.err").write_text(e.reason)
+    deadline = time.monotonic() + 60  # the others may still be getting their sums from this peer's reducer
+    while not (out / "stop").exists() and time.monotonic() < deadline:
+        threading.Event().wait(0.05)
     rounds.shutdown()
     node.shutdown()
 

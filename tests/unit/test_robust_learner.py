@@ -72,9 +72,12 @@ def test_a_non_finite_gradient_of_its_own_is_neither_sent_nor_applied():
 
 
 def test_refused_members_are_counted_by_reason():
-    ok = Round(torch.zeros(2), 3, 8, [], bad={"peerRogue": "non_finite"})
+    ok = Round(torch.zeros(2), 3, 8, [], bad={"peerRogue": "non_finite"}, bytes_sent=16, seconds=0.5, limit_s=30.0)
     ln, batch = learner(torch.ones(2), answer=ok)
-    assert ln.step(batch).round.learners == 3
+    step = ln.step(batch)
+    assert step.round.learners == 3
+    assert {k: v for k, v in step.metrics.items() if k.startswith("round/")} == {
+        "round/bytes": 16, "round/bytes_per_param": 8.0, "round/seconds": 0.5, "round/limit_s": 30.0}
     assert ln.counts["round/bad_member/non_finite"] == 1
     ln.rounds.answer = RoundFailed("bad_member", "x", bad={"peerRogue": "missing"})
     assert ln.step(batch) is None
