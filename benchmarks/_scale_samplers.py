@@ -24,6 +24,7 @@ SIGTERM or SIGINT stops every identity (its sampler loop, then its node and DHT)
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -66,8 +67,14 @@ class Identity:
         except Exception as e:  # one identity failing is in the log; the others go on
             if not self.stop.is_set():
                 log.exception("identity %d stopped: %s", self.i, e)
+        finally:  # each identity's own thread: the identities stop together, not one after another
+            try:
+                self.node.shutdown()
+            except Exception as e:
+                log.debug("identity %d shutdown: %s", self.i, e)
 
     def snapshot(self) -> dict:
+        """What the identity did so far (its DHT byte counters where its transport has them)."""
         s = self.sampler
         dht = getattr(self.node.transport, "dht_bytes", None)
         try:
@@ -120,6 +127,7 @@ def main() -> None:
             for i in range(a.count):
                 if stop.is_set():
                     break
+                gc.freeze()  # what this process holds now stays shared with the DHT process forked next
                 ids.append(Identity(i, cfg, stop, loads, lock, a.nice))
                 write()
             for x in ids:
@@ -128,15 +136,13 @@ def main() -> None:
                 write()
         finally:
             stop.set()
-            deadline = time.monotonic() + cfg.net.rpc_timeout_s + 5
+            deadline = time.monotonic() + cfg.net.rpc_timeout_s + 20
             for x in ids:
                 x.thread.join(timeout=max(0.0, deadline - time.monotonic()))
             write()
-            for x in ids:
-                try:
+            for x in ids:  # those whose thread never started
+                if not x.thread.is_alive() and x.thread.ident is None:
                     x.node.shutdown()
-                except Exception as e:
-                    log.debug("identity %d shutdown: %s", x.i, e)
 
 
 if __name__ == "__main__":

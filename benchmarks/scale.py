@@ -248,10 +248,12 @@ class Swarm:
         self.env = {**os.environ, "PYTHONPATH": str(a.code)}
         self.helpers = [f"samplers{i}" for i in range(-(-n // a.per_process))]
 
-    def spawn(self, name: str, core: int, cmd: list[str]):
-        p = subprocess.Popen(["taskset", "-c", str(core), *cmd], stdin=subprocess.DEVNULL, start_new_session=True,
-                             cwd=self.a.code, env=self.env, stdout=(self.tmp / f"{name}.log").open("wb"),
-                             stderr=subprocess.STDOUT, preexec_fn=_die_with_us())
+    def spawn(self, name: str, core: int, cmd: list[str], env: dict | None = None):
+        """``cmd`` as child ``name`` pinned to ``core``, in its own session, logging to ``<name>.log``."""
+        with (self.tmp / f"{name}.log").open("wb") as out:
+            p = subprocess.Popen(["taskset", "-c", str(core), *cmd], stdin=subprocess.DEVNULL, stdout=out,
+                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=self.a.code,
+                                 env={**self.env, **(env or {})}, preexec_fn=_die_with_us())
         self.procs.procs[name] = p
         return p
 
@@ -275,7 +277,8 @@ class Swarm:
             k = min(a.per_process, left)
             left -= k
             self.spawn(name, 1, [py, str(HERE / "_scale_samplers.py"), "--initial-peers", self.maddr, "--count",
-                                 str(k), "--out", str(self.tmp / name), *conf, *run])
+                                 str(k), "--out", str(self.tmp / name), *conf, *run],
+                       {"GOMEMLIMIT": a.p2pd_memory} if a.p2pd_memory else None)
 
     def alive(self) -> None:
         for name, p in self.procs.procs.items():
@@ -284,6 +287,9 @@ class Swarm:
 
     def snapshots(self) -> list[list[dict]]:
         return [read_jsonl(self.tmp / h / "snapshots.jsonl") for h in self.helpers]
+
+    def started(self) -> int:
+        return sum(s[-1]["started"] for s in self.snapshots() if s)
 
     def ready(self) -> int:
         return sum(s[-1]["ready"] for s in self.snapshots() if s)
@@ -312,8 +318,9 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
     swarm = Swarm(tmp, a, n, learners)
     try:
         swarm.start()
+        swarm.wait(f"{n} identities started (their DHTs up)", lambda: swarm.started() >= n, a.start_limit + 3 * n)
         try:
-            swarm.wait(f"{n} identities holding a version", lambda: swarm.ready() >= n, a.start_limit + 3 * n)
+            swarm.wait(f"{n} identities holding a version", lambda: swarm.ready() >= n, a.start_limit)
         except TimeoutError:  # a few never got one (the DHT on a crowded core): measured, and said
             if swarm.ready() < 0.9 * n:
                 raise
@@ -326,7 +333,7 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
         c1, t1 = learner_cpu(pid), time.time()
         swarm.alive()
         pss = {k: v / n for k, v in pss_mb([swarm.procs.procs[h].pid for h in swarm.helpers]).items()}
-        time.sleep(3)  # acknowledgements of the window's last groups, its last snapshots and metrics lines
+        time.sleep(a.tail)  # the window's last versions reaching the samplers, its last acknowledgements
     finally:
         swarm.procs.stop()
     span = t1 - t0
@@ -357,7 +364,7 @@ def row(code: str, r: dict) -> list[str]:
     if r.get("skipped"):
         return [code, str(r["samplers"]), str(r["learners"]), *["-"] * (len(COLUMNS) - 4), r["skipped"]]
     cpu = r["cpu"]
-    reach = _f(r["reach90"], ".2f") + (f" ({r['reach_missed']} versions never)" if r["reach_missed"] else "")
+    reach = _f(r["reach90"], ".2f") + (f" ({r['reach_missed']} not within the run)" if r["reach_missed"] else "")
     return [code, str(r["samplers"]), str(r["learners"]), _f(r["offered"], ".1f"), _f(r["trained"], ".1f"),
             _f(r["stale"], ".0%"), _f(r["busy"], ".1f"), f"{_f(r['lag_mean'], '.2f')} / {_f(r['lag_p90'], 'd')}",
             _f(r["versions_s"], ".2f"),
@@ -444,20 +451,29 @@ Targets (issue 38), per code and number of learners:
 
 {verdicts}
 
-Real learners (`p2prl join --role learner`) pinned to core 0, a bootstrap and N sampler identities pinned to core 1
-(`taskset`), all on 127.0.0.1 with loopback-only settings; every identity is a real `Sampler` with its own libp2p
-identity, DHT process, p2pd and model copy (`benchmarks/_scale_samplers.py`, {settings}), generating real groups of
-its assigned prompts. Settings: `configs/default.toml` (16 groups a step, staleness window 8, the built-in policy)
-with `{' '.join(SETTINGS)}`. Each row: every identity holding a version, 3 versions of warm-up, then the measured
+Real learners (`p2prl join --role learner`, the second with `--join`) pinned to core 0; a bootstrap and N sampler
+identities pinned to core 1 (`taskset`); all on 127.0.0.1 with loopback-only settings. Every identity is a real
+`Sampler` (`benchmarks/_scale_samplers.py`) with its own libp2p identity, DHT process, p2pd and copy of the model,
+generating real groups of the prompts the run assigns it: every learner check passes (rewards, assigned prompts, spot
+checks). The last run's settings: {settings}; the sampler threads run at nice 10, below the identities' DHT
+processes, daemons and network loops, which on volunteers' machines would not share one core with a hundred
+generators. Run config: `configs/default.toml` (16 groups a step, staleness window 8, the built-in policy) with
+`{' '.join(SETTINGS)}`. Each row: every identity holding a version, 3 more versions of warm-up, then the measured
 window. Offered: groups the identities generated per second; trained: groups in the versions the first learner
-published; stale waste: groups dropped as stale in a learner's queue or rejected as stale on arrival (the identities'
-counters), as a share of those generated; lag: version lag of the trained groups (mean / 90th percentile); learner
-cores: CPU seconds per second of the first learner (/proc): its training thread, its network loop and admission
-thread (control), its DHT process and daemon, the rest (heartbeat, look-ups, the averager); DHT B/s per peer: read +
-written, from the transport's counters (`n/a`: the code measured has none); 90% of samplers hold a version: median
-seconds from a version's publication until 90% of the identities held it or a newer one; PSS: the sampler
-processes' proportional memory (with their DHT processes and daemons) per identity. `code`: the commit measured
-(and its label). A row whose memory would not fit is skipped and says so."""
+published (with 2 learners, both learners' groups of each round); stale waste: groups the identities' counters report
+dropped as stale in a learner's queue (`acked/dropped`) or rejected as stale on arrival (`send/rejected/stale`), as a
+share of those generated; busy: `busy` answers the identities got; lag: version lag of the trained groups (the
+learner's lag histogram, from its training log: mean / 90th percentile); learner cores: CPU seconds per second of
+the first learner (/proc, its threads named by `benchmarks/_scale_learner.py`): its main thread (training), its
+network loop and admission thread (control), its DHT process and that process's p2pd, the rest (heartbeat, look-ups,
+the averager of gradient rounds); DHT B/s per peer: bytes read + written from the transport's DHT counters (`n/a`:
+the code measured has none); 90% of samplers hold a version: median seconds from a version's publication (the
+learner's metrics line, written as it publishes) until 90% of the identities held it or a newer one (each identity
+logs its loads), and how many of the window's versions got there only after the run stopped, or never; PSS: the
+sampler processes' proportional memory per identity, their own (models, threads) / their DHT processes / their
+daemons. Not measured here: the learner's event-loop stalls. `code`: the label and commit measured ('+': with
+uncommitted changes); each run replaces its own rows (same code, samplers and learners) and keeps the others.
+A row whose memory would not fit is skipped and says so."""
 
 
 def commit_of(code: Path) -> str:
@@ -481,10 +497,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--label", default="", help="the rows' label beside the commit, e.g. before or after")
     ap.add_argument("--config", type=Path, default=None, help="the run's config (default: the code's "
                     "configs/default.toml)")
-    ap.add_argument("--start-limit", type=float, default=240.0, help="seconds for the swarm to start, and for warm-up")
-    ap.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL at each stop")
+    ap.add_argument("--start-limit", type=float, default=240.0, help="seconds for the identities to hold a version "
+                    "once started (to start: this and 3 s per identity), and for the warm-up")
+    ap.add_argument("--grace", type=float, default=45.0, help="seconds between SIGTERM and SIGKILL at each stop")
     ap.add_argument("--mem-per-identity", type=float, default=250.0,
                     help="MB a sampler identity is assumed to take before one was measured")
+    ap.add_argument("--p2pd-memory", default="40MiB", help="GOMEMLIMIT of the identities' p2pd daemons (Go's soft "
+                    "memory limit: their garbage collector runs more often), so that 128 identities fit in 24 GB; '' = "
+                    "none")
+    ap.add_argument("--tail", type=float, default=10.0, help="seconds the swarm runs on after the window (the "
+                    "window's last versions reaching the samplers, its last acknowledgements)")
     ap.add_argument("--no-write", action="store_true", help="print the table, leave docs/results.md alone")
     ap.add_argument("--logs", type=Path, default=None, help="keep each configuration's logs and files in a folder "
                     "here (default: a temporary folder, removed)")
@@ -543,7 +565,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append(r)
             print(json.dumps(r), flush=True)
     rows = merge(table_rows(RESULTS.read_text() if RESULTS.exists() else ""), [row(code, r) for r in results])
-    body = render(rows, f"{a.per_process} identities a process, window {a.window:.0f} s")
+    body = render(rows, f"{a.per_process} identities a process, window {a.window:.0f} s, the identities' p2pd with "
+                        f"GOMEMLIMIT={a.p2pd_memory or 'unset'} (Go's soft memory limit)")
     print(body)
     if not a.no_write:
         write_section(SECTION, "Scale: real learners against many sampler identities",
