@@ -24,8 +24,9 @@ more versions, then a measured window of ``--window`` seconds. Figures over the 
 - offered groups/s: groups the identities generated (their ``groups_made``);
 - trained groups/s: groups in the versions the first learner published in the window (its training log: with
   two learners, every learner's groups of each round);
-- stale waste: groups the identities' counters report dropped as stale in a learner's queue (``acked/dropped``)
-  or rejected as stale on arrival (``send/rejected/stale``), as a share of those generated; ``busy`` answers/s;
+- stale waste: groups the identities' counters report wasted as stale (``waste/stale`` where the sampler counts
+  them, else those dropped in a learner's queue, ``acked/dropped``, and rejected as stale on arrival,
+  ``send/rejected/stale``), as a share of those generated; ``busy`` answers/s;
 - lag: mean and 90th percentile of the trained groups' version lag (the learner's lag histogram, from its log);
 - versions/s: the first learner's;
 - the first learner's CPU (cores busy, /proc): training (its main thread), control (its network loop
@@ -68,6 +69,10 @@ COLUMNS = ["code", "samplers", "learners", "offered groups/s", "trained groups/s
            "lag mean / p90", "versions/s", "learner cores: train / control / DHT / other", "DHT B/s per peer",
            "90% of samplers hold a version (s)", "PSS per identity, MB: all (sampler / DHT / p2pd)", "wall (s)",
            "notes"]
+# groups a sampler made that were wasted as stale: its own counter of them where it has one (WASTE), else these, of
+# groups dropped in a learner's queue (acknowledged as dropped) and rejected as stale on arrival
+WASTE = "waste/stale"
+STALE_COUNTERS = ("acked/dropped", "send/rejected/stale")
 KEY = 3  # code, samplers, learners: a row of the same replaces the old one
 
 
@@ -166,7 +171,11 @@ def at(snapshots: list[dict], t: float) -> dict:
 
 
 def stale(counts: dict) -> int:
-    return int(counts.get("acked/dropped", 0) + counts.get("send/rejected/stale", 0))
+    """Groups a sampler made and saw wasted as stale: its own count of them (``waste/stale``) where it keeps one, else
+    the sum of ``STALE_COUNTERS``."""
+    if WASTE in counts:
+        return int(counts[WASTE])
+    return int(sum(counts.get(k, 0) for k in STALE_COUNTERS))
 
 
 def dht_rw(value) -> float | None:
@@ -461,9 +470,10 @@ generators. Run config: `configs/default.toml` (16 groups a step, staleness wind
 `{' '.join(SETTINGS)}`. Each row: every identity holding a version, 3 more versions of warm-up, then the measured
 window. Offered: groups the identities generated per second; trained: groups in the versions the first learner
 published (with 2 learners, both learners' groups of each round); stale waste: groups the identities' counters report
-dropped as stale in a learner's queue (`acked/dropped`) or rejected as stale on arrival (`send/rejected/stale`), as a
-share of those generated; busy: `busy` answers the identities got; lag: version lag of the trained groups (the
-learner's lag histogram, from its training log: mean / 90th percentile); learner cores: CPU seconds per second of
+wasted as stale (`waste/stale` where the sampler counts them; else dropped as stale in a learner's queue,
+`acked/dropped`, or rejected as stale on arrival, `send/rejected/stale`), as a share of those generated; busy:
+`busy` answers the identities got; lag: version lag of the trained groups (the learner's lag histogram
+from its training log: mean / 90th percentile); learner cores: CPU seconds per second of
 the first learner (/proc, its threads named by `benchmarks/_scale_learner.py`): its main thread (training), its
 network loop and admission thread (control), its DHT process and that process's p2pd, the rest (heartbeat, look-ups,
 the averager of gradient rounds); DHT B/s per peer: bytes read + written from the transport's DHT counters (`n/a`:

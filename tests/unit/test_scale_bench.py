@@ -34,6 +34,11 @@ def test_sampler_figures_are_the_window_s_differences():
     assert scale.sampler_figures([[snap(0, "a", 0, {}), snap(5, "a", 5, {})]], 0, 5)["dht_per_peer_s"] is None
 
 
+def test_stale_waste_is_the_sampler_s_own_count_where_it_keeps_one():
+    assert scale.stale({"acked/dropped": 2, "send/rejected/stale": 3, "send/rejected/bad_reward": 5}) == 5
+    assert scale.stale({"acked/dropped": 2, "send/rejected/stale": 3, "waste/stale": 6}) == 6
+
+
 def test_dht_counters_in_any_shape():
     assert scale.dht_rw((3, 4)) == 7 and scale.dht_rw({"read": 1, "written": 2}) == 3 and scale.dht_rw(5) == 5
     assert scale.dht_rw(None) is None and scale.dht_rw({}) is None
