@@ -342,6 +342,7 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
         c1, t1 = learner_cpu(pid), time.time()
         swarm.alive()
         pss = {k: v / n for k, v in pss_mb([swarm.procs.procs[h].pid for h in swarm.helpers]).items()}
+        learner_pss = sum(pss_mb([swarm.procs.procs["learner0"].pid]).values())
         time.sleep(a.tail)  # the window's last versions reaching the samplers, its last acknowledgements
     finally:
         swarm.procs.stop()
@@ -360,7 +361,7 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
             "dht": (f"{s['dht_per_peer_s']:.0f} (samplers), {lf['dht_s']:.0f} (learner)"
                     if len(dht) == 2 else None),
             "reach90": reach, "reach_missed": missed, "pss_mb": sum(pss.values()), "pss_parts": pss,
-            "wall": time.time() - started, "note": note}
+            "learner_pss_mb": learner_pss, "wall": time.time() - started, "note": note}
 
 
 # ---- the table -----------------------------------------------------------------------------------------------------
@@ -560,18 +561,21 @@ def run_one(a, n: int, learners: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
     code = f"{a.label} {commit_of(a.code)}".strip()
-    per_id, measured, results = a.mem_per_identity, 0.0, []
+    seen: dict[str, float] = {}  # the most PSS measured so far: per identity, per learner (MB)
+    results = []
     for n in a.ns:
         for learners in a.learners:
-            need, free = n * per_id + 1500 * learners, available_mb()
+            per_id, per_learner = seen.get("identity", a.mem_per_identity), seen.get("learner", 1500.0)
+            need, free = n * per_id + learners * per_learner, available_mb()
             if need > 0.9 * free:
                 r = {"samplers": n, "learners": learners, "skipped": f"skipped: needs about {need / 1024:.1f} GB "
-                     f"({per_id:.0f} MB per identity), {free / 1024:.1f} GB available"}
+                     f"({per_id:.0f} MB per identity, {per_learner:.0f} MB per learner), {free / 1024:.1f} GB "
+                     "available"}
             else:
                 r = run_one(a, n, learners)
                 if not r.get("skipped"):
-                    measured = max(measured, r["pss_mb"])
-                    per_id = measured
+                    seen["identity"] = max(seen.get("identity", 0.0), r["pss_mb"])
+                    seen["learner"] = max(seen.get("learner", 0.0), r["learner_pss_mb"])
             results.append(r)
             print(json.dumps(r), flush=True)
     rows = merge(table_rows(RESULTS.read_text() if RESULTS.exists() else ""), [row(code, r) for r in results])
