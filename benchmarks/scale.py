@@ -66,7 +66,8 @@ SECTION = "scale"
 SETTINGS = ["net.run_id=scale", "train.steps=1000000", "train.eval_every=100000", "task.heldout_size=32",
             "train.checkpoint_every=100000", "train.threads=1", "net.rpc_timeout_s=10"]
 COLUMNS = ["code", "samplers", "learners", "offered groups/s", "trained groups/s", "stale waste", "busy answers/s",
-           "lag mean / p90", "versions/s", "learner cores: train / control / DHT / other", "DHT B/s per peer",
+           "lag mean / p90", "versions/s", "learner cores: train / control / DHT / other",
+           "samplers' side cores: samplers / DHT / p2pd", "DHT B/s per peer",
            "90% of samplers hold a version (s)", "PSS per identity, MB: all (sampler / DHT / p2pd)", "wall (s)",
            "notes"]
 # groups a sampler made that were wasted as stale: its own counter of them where it has one (WASTE), else these, of
@@ -129,21 +130,40 @@ def learner_cpu(pid: int) -> dict[str, float]:
     return parts
 
 
-def pss_mb(pids: list[int]) -> dict[str, float]:
-    """Proportional set size (shared pages split between their sharers), MB, of ``pids`` ("samplers") and their
-    descendants: p2pd daemons ("p2pd") and the others, their DHT processes ("dht")."""
+def _pss_kb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return float(line.split()[1])
+    except OSError:
+        pass
+    return 0.0
+
+
+def _cpu_s(pid: int) -> float:
+    got = _stat(Path(f"/proc/{pid}/stat"))
+    return got[2] if got else 0.0
+
+
+def tree_parts(pids: list[int], measure) -> dict[str, float]:
+    """``measure(pid)`` summed over ``pids`` ("samplers") and their descendants: the p2pd daemons ("p2pd") and the
+    others, their DHT processes ("dht")."""
     parts = {"samplers": 0.0, "dht": 0.0, "p2pd": 0.0}
     for pid in pids:
         for p in (pid, *descendants(pid)):
             got = _stat(Path(f"/proc/{p}/stat"))
-            part = "samplers" if p == pid else "p2pd" if got and got[0] == "p2pd" else "dht"
-            try:
-                for line in Path(f"/proc/{p}/smaps_rollup").read_text().splitlines():
-                    if line.startswith("Pss:"):
-                        parts[part] += int(line.split()[1]) / 1024
-            except OSError:
-                continue
+            parts["samplers" if p == pid else "p2pd" if got and got[0] == "p2pd" else "dht"] += measure(p)
     return parts
+
+
+def pss_mb(pids: list[int]) -> dict[str, float]:
+    """Proportional set size (shared pages split between their sharers), MB, of ``pids`` and their descendants."""
+    return {k: v / 1024 for k, v in tree_parts(pids, _pss_kb).items()}
+
+
+def cpu_s(pids: list[int]) -> dict[str, float]:
+    """CPU seconds so far of ``pids`` and their live descendants."""
+    return tree_parts(pids, _cpu_s)
 
 
 def available_mb() -> float:
@@ -325,6 +345,7 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
     """One configuration: start, warm up, measure the window, stop; its figures."""
     started = time.time()
     swarm = Swarm(tmp, a, n, learners)
+    helpers = lambda: [swarm.procs.procs[h].pid for h in swarm.helpers]  # noqa: E731
     try:
         swarm.start()
         swarm.wait(f"{n} identities started (their DHTs up)", lambda: swarm.started() >= n, a.start_limit + 3 * n)
@@ -337,13 +358,17 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
         base = swarm.versions()
         swarm.wait("3 versions of warm-up", lambda: swarm.versions() >= base + 3, a.start_limit)
         pid = swarm.procs.procs["learner0"].pid
-        c0, t0 = learner_cpu(pid), time.time()
+        c0, s0, t0 = learner_cpu(pid), cpu_s(helpers()), time.time()
         time.sleep(a.window)
-        c1, t1 = learner_cpu(pid), time.time()
+        c1, s1, t1 = learner_cpu(pid), cpu_s(helpers()), time.time()
         swarm.alive()
-        pss = {k: v / n for k, v in pss_mb([swarm.procs.procs[h].pid for h in swarm.helpers]).items()}
+        pss = {k: v / n for k, v in pss_mb(helpers()).items()}
         learner_pss = sum(pss_mb([swarm.procs.procs["learner0"].pid]).values())
         time.sleep(a.tail)  # the window's last versions reaching the samplers, its last acknowledgements
+    except TimeoutError as e:  # how busy the samplers' side was meanwhile: a core the identities' daemons fill
+        busy = {k: v / (time.time() - started) for k, v in cpu_s(helpers()).items()}
+        raise TimeoutError(f"{e} (the samplers' side busy {sum(busy.values()):.2f} cores: "
+                           + " / ".join(f"{k} {v:.2f}" for k, v in busy.items()) + ")") from None
     finally:
         swarm.procs.stop()
     span = t1 - t0
@@ -358,6 +383,7 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
             "lag_mean": statistics.mean(lags) if lags else None,
             "lag_p90": lags[int(0.9 * (len(lags) - 1))] if lags else None, "versions_s": lf["versions"] / span,
             "cpu": {k: (c1.get(k, 0) - c0.get(k, 0)) / span for k in ("train", "control", "dht", "other")},
+            "sampler_cpu": {k: (s1[k] - s0.get(k, 0)) / span for k in s1},
             "dht": (f"{s['dht_per_peer_s']:.0f} (samplers), {lf['dht_s']:.0f} (learner)"
                     if len(dht) == 2 else None),
             "reach90": reach, "reach_missed": missed, "pss_mb": sum(pss.values()), "pss_parts": pss,
@@ -379,6 +405,7 @@ def row(code: str, r: dict) -> list[str]:
             _f(r["stale"], ".0%"), _f(r["busy"], ".1f"), f"{_f(r['lag_mean'], '.2f')} / {_f(r['lag_p90'], 'd')}",
             _f(r["versions_s"], ".2f"),
             f"{cpu['train']:.2f} / {cpu['control']:.2f} / {cpu['dht']:.2f} / {cpu['other']:.2f}",
+            " / ".join(f"{v:.2f}" for v in r["sampler_cpu"].values()),
             r["dht"] or "n/a", reach, f"{r['pss_mb']:.0f} ({' / '.join(f'{v:.0f}' for v in r['pss_parts'].values())})",
             _f(r["wall"], ".0f"), r.get("note", "")]
 
@@ -477,7 +504,9 @@ wasted as stale (`waste/stale` where the sampler counts them; else dropped as st
 from its training log: mean / 90th percentile); learner cores: CPU seconds per second of
 the first learner (/proc, its threads named by `benchmarks/_scale_learner.py`): its main thread (training), its
 network loop and admission thread (control), its DHT process and that process's p2pd, the rest (heartbeat, look-ups,
-the averager of gradient rounds); DHT B/s per peer: bytes read + written from the transport's DHT counters (`n/a`:
+the averager of gradient rounds); samplers' side cores: CPU seconds per second of the sampler processes (generation,
+delivery, weight sync, their network loops), their DHT processes and their p2pd daemons (a start that timed out says
+the same since its start); DHT B/s per peer: bytes read + written from the transport's DHT counters (`n/a`:
 the code measured has none); 90% of samplers hold a version: median seconds from a version's publication (the
 learner's metrics line, written as it publishes) until 90% of the identities held it or a newer one (each identity
 logs its loads), and how many of the window's versions got there only after the run stopped, or never; PSS: the

@@ -56,7 +56,8 @@ def test_a_version_reaches_90_percent_of_the_identities():
 def result(n, learners, trained, stale, versions):
     return {"samplers": n, "learners": learners, "offered": 100.0, "trained": trained, "stale": stale, "busy": 1.0,
             "lag_mean": 1.5, "lag_p90": 3, "versions_s": versions,
-            "cpu": {"train": 0.5, "control": 0.2, "dht": 0.1, "other": 0.05}, "dht": None, "reach90": 0.8,
+            "cpu": {"train": 0.5, "control": 0.2, "dht": 0.1, "other": 0.05},
+            "sampler_cpu": {"samplers": 0.6, "dht": 0.2, "p2pd": 0.15}, "dht": None, "reach90": 0.8,
             "reach_missed": 0, "pss_mb": 150.0, "pss_parts": {"samplers": 50.0, "dht": 70.0, "p2pd": 30.0},
             "wall": 90.0, "note": ""}
 
