@@ -11,7 +11,8 @@ One swarm per (N, learners), every peer its own libp2p identity with its own p2p
 - N sampler identities in processes of ``--per-process`` identities each (``benchmarks/_scale_samplers.py``), pinned
   with the bootstrap to core 1: each a real ``Sampler`` with its own model copy, DHT process and p2pd, generating
   real groups of the prompts the run assigns it (the learners' every check passes: rewards, assigned prompts, spot
-  checks), whatever the sampler's delivery code is in the p2prl measured.
+  checks), whatever the sampler's delivery code is in the p2prl measured. Their sampler threads run at nice 10,
+  below their DHT processes and daemons; the daemons run with ``GOMEMLIMIT=--p2pd-memory`` (40MiB).
 
 ``--code DIR``: the checkout whose p2prl is measured (default: this one; every peer runs with ``PYTHONPATH=DIR``,
 in DIR); its commit and ``--label`` name the rows. The rows go into the ``scale`` section of docs/results.md (of
@@ -32,14 +33,16 @@ more versions, then a measured window of ``--window`` seconds. Figures over the 
 - the first learner's CPU (cores busy, /proc): training (its main thread), control (its network loop
   ``p2prl-net`` and admission thread ``p2prl-admit``), DHT (its DHT process and that process's p2pd), other (its
   other threads and processes: heartbeat, look-ups, the averager of gradient rounds);
+- the samplers' side CPU (cores busy): the sampler processes, their DHT processes, their p2pd daemons;
 - DHT bytes read + written per peer per second: from the transport's counters where the p2prl measured has them
   (``transport.dht_bytes()`` in the identities; ``dht`` byte keys in the learner's metrics), else ``n/a``;
 - time for a version published in the window to be held (it or a newer one) by 90% of the identities (median over
   versions; each identity logs the time it loaded a version, the learner's metrics line the time it published);
 - memory: proportional set size (PSS) of the sampler processes and their DHT processes and daemons, per identity.
 
-Before each configuration the memory it needs is estimated from the last one's PSS per identity; one that would
-not fit in 90% of the available memory is skipped, and its row says so.
+Before each configuration the memory it needs is estimated from the most PSS per identity and per learner measured
+so far; one that would not fit in 90% of the available memory is skipped, and its row says so. A configuration whose
+start times out gets a row saying so, with how busy the samplers' side was. ``--no-write`` prints the table only.
 """
 
 from __future__ import annotations
