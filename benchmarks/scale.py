@@ -7,12 +7,14 @@ the learner's versions/s and CPU split, DHT bytes, and how fast a new version re
 One swarm per (N, learners), every peer its own libp2p identity with its own p2pd, loopback-only settings:
 
 - a bootstrap (``p2prl bootstrap``) and the learners (``p2prl join --role learner``, the second with ``--join``,
-  through ``benchmarks/_scale_learner.py``, which only names their threads for /proc), pinned to core 0 (taskset);
+  through ``benchmarks/_scale_learner.py``, which only names their threads for /proc), pinned to core 0 (taskset;
+  ``--learner-cpus``);
 - N sampler identities in processes of ``--per-process`` identities each (``benchmarks/_scale_samplers.py``), pinned
-  with the bootstrap to core 1: each a real ``Sampler`` with its own model copy, DHT process and p2pd, generating
-  real groups of the prompts the run assigns it (the learners' every check passes: rewards, assigned prompts, spot
-  checks), whatever the sampler's delivery code is in the p2prl measured. Their sampler threads run at nice 10,
-  below their DHT processes and daemons; the daemons run with ``GOMEMLIMIT=--p2pd-memory`` (40MiB).
+  with the bootstrap to core 1 (``--sampler-cpus``): each a real ``Sampler`` with its own model copy, DHT process and
+  p2pd, generating real groups of the prompts the run assigns it (the learners' every check passes: rewards,
+  assigned prompts, spot checks), whatever the sampler's delivery code is in the p2prl measured. Their sampler
+  threads run at nice 10, below their DHT processes and daemons; the daemons run with ``GOMEMLIMIT=--p2pd-memory``
+  (40MiB).
 
 ``--code DIR``: the checkout whose p2prl is measured (default: this one; every peer runs with ``PYTHONPATH=DIR``,
 in DIR); its commit and ``--label`` name the rows. The rows go into the ``scale`` section of docs/results.md (of
@@ -280,10 +282,11 @@ class Swarm:
         self.env = {**os.environ, "PYTHONPATH": str(a.code)}
         self.helpers = [f"samplers{i}" for i in range(-(-n // a.per_process))]
 
-    def spawn(self, name: str, core: int, cmd: list[str], env: dict | None = None):
-        """``cmd`` as child ``name`` pinned to ``core``, in its own session, logging to ``<name>.log``."""
+    def spawn(self, name: str, cpus: str, cmd: list[str], env: dict | None = None):
+        """``cmd`` as child ``name`` pinned to ``cpus`` (a taskset list), in its own session, logging to
+        ``<name>.log``."""
         with (self.tmp / f"{name}.log").open("wb") as out:
-            p = subprocess.Popen(["taskset", "-c", str(core), *cmd], stdin=subprocess.DEVNULL, stdout=out,
+            p = subprocess.Popen(["taskset", "-c", cpus, *cmd], stdin=subprocess.DEVNULL, stdout=out,
                                  stderr=subprocess.STDOUT, start_new_session=True, cwd=self.a.code,
                                  env={**self.env, **(env or {})}, preexec_fn=_die_with_us())
         self.procs.procs[name] = p
@@ -293,14 +296,14 @@ class Swarm:
         from p2prl.procs import wait_for_file
 
         py, a = sys.executable, self.a
-        boot = self.spawn("bootstrap", 1, [py, "-m", "p2prl.cli", "bootstrap", "--loopback", "--host-maddrs",
-                                           "/ip4/127.0.0.1/tcp/0", "--identity-path", str(self.tmp / "bootstrap.id"),
-                                           "--maddrs-file", str(self.tmp / "maddrs")])
+        boot = self.spawn("bootstrap", a.sampler_cpus, [
+            py, "-m", "p2prl.cli", "bootstrap", "--loopback", "--host-maddrs", "/ip4/127.0.0.1/tcp/0",
+            "--identity-path", str(self.tmp / "bootstrap.id"), "--maddrs-file", str(self.tmp / "maddrs")])
         self.maddr = wait_for_file(self.tmp / "maddrs", boot, 60, "the bootstrap").split()[0]
         conf = ["--config", str(a.config)] if a.config else []
         run = [*SETTINGS, *a.overrides]
         for i in range(self.learners):
-            self.spawn(f"learner{i}", 0, [py, str(HERE / "_scale_learner.py"), "join", "--role", "learner",
+            self.spawn(f"learner{i}", a.learner_cpus, [py, str(HERE / "_scale_learner.py"), "join", "--role", "learner",
                                           *(["--join"] if i else []), "--loopback", "--no-progress", "--json",
                                           "--initial-peers", self.maddr, *conf, *run,
                                           f"train.out_dir={self.tmp / f'learner{i}'}"])
@@ -308,8 +311,8 @@ class Swarm:
         for name in self.helpers:
             k = min(a.per_process, left)
             left -= k
-            self.spawn(name, 1, [py, str(HERE / "_scale_samplers.py"), "--initial-peers", self.maddr, "--count",
-                                 str(k), "--out", str(self.tmp / name), *conf, *run],
+            self.spawn(name, a.sampler_cpus, [py, str(HERE / "_scale_samplers.py"), "--initial-peers", self.maddr,
+                                              "--count", str(k), "--out", str(self.tmp / name), *conf, *run],
                        {"GOMEMLIMIT": a.p2pd_memory} if a.p2pd_memory else None)
 
     def alive(self) -> None:
@@ -491,8 +494,8 @@ Targets (issue 38), per code and number of learners:
 
 {verdicts}
 
-Real learners (`p2prl join --role learner`, the second with `--join`) pinned to core 0; a bootstrap and N sampler
-identities pinned to core 1 (`taskset`); all on 127.0.0.1 with loopback-only settings. Every identity is a real
+Real learners (`p2prl join --role learner`, the second with `--join`) pinned to one core, a bootstrap and N sampler
+identities to the other (`taskset`), all on 127.0.0.1 with loopback-only settings. Every identity is a real
 `Sampler` (`benchmarks/_scale_samplers.py`) with its own libp2p identity, DHT process, p2pd and copy of the model,
 generating real groups of the prompts the run assigns it: every learner check passes (rewards, assigned prompts, spot
 checks). The last run's settings: {settings}; the sampler threads run at nice 10, below the identities' DHT
@@ -536,6 +539,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--learners", default="1,2", help="learners per configuration, comma-separated")
     ap.add_argument("--window", type=float, default=40.0, help="measured window, seconds")
     ap.add_argument("--per-process", type=int, default=16, help="sampler identities per process")
+    ap.add_argument("--learner-cpus", default="0", help="the learners' CPUs (taskset -c list)")
+    ap.add_argument("--sampler-cpus", default="1", help="the bootstrap's and the sampler identities' CPUs (taskset "
+                    "-c list)")
     ap.add_argument("--code", type=Path, default=ROOT, help="the checkout whose p2prl is measured")
     ap.add_argument("--label", default="", help="the rows' label beside the commit, e.g. before or after")
     ap.add_argument("--config", type=Path, default=None, help="the run's config (default: the code's "
@@ -611,7 +617,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append(r)
             print(json.dumps(r), flush=True)
     rows = merge(table_rows(RESULTS.read_text() if RESULTS.exists() else ""), [row(code, r) for r in results])
-    body = render(rows, f"{a.per_process} identities a process, window {a.window:.0f} s, the identities' p2pd with "
+    body = render(rows, f"learners on CPU {a.learner_cpus}, the bootstrap and samplers on CPU {a.sampler_cpus}, "
+                        f"{a.per_process} identities a process, window {a.window:.0f} s, the identities' p2pd with "
                         f"GOMEMLIMIT={a.p2pd_memory or 'unset'} (Go's soft memory limit)")
     print(body)
     if not a.no_write:

@@ -16,6 +16,7 @@ def test_arguments():
     a = scale.parse(["--ns", "8,32", "--learners", "1", "--label", "before", "train.lr=1e-3"])
     assert (a.ns, a.learners, a.label, a.overrides) == ([8, 32], [1], "before", ["train.lr=1e-3"])
     assert a.code == scale.ROOT and a.config == scale.ROOT / "configs" / "default.toml"
+    assert (a.learner_cpus, a.sampler_cpus, a.p2pd_memory) == ("0", "1", "40MiB")
     for bad in (["--ns", "8,x"], ["--ns", "0"], ["--learners", ""], ["--window", "0"], ["--code", "/nonexistent"]):
         with pytest.raises(SystemExit):
             scale.parse(bad)
