@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -48,16 +48,29 @@ def row(f: Figures) -> str:
             f"{fmt_bytes(f.dht_Bps)} | {f.bottleneck} |")
 
 
-def grid(profile, sizes, learners, weights, seed) -> tuple[list[str], float]:
-    rows, t0 = [HEADER, RULE], time.perf_counter()
-    for n in sizes:
-        for n_learners in learners:
-            for w in weights:
-                for mode in ("push", "lease"):
-                    f = run(profile, mode, w, n, n_learners, seed)
-                    print(row(f), f"({f.events:,} events, {f.wall_s:.1f} s)", flush=True)
-                    rows.append(row(f))
-    return rows, time.perf_counter() - t0
+def cell(args) -> Figures:
+    profile, mode, weights, n, learners, seed = args
+    return run(profile, mode, weights, n, learners, seed)
+
+
+def grid(profile, sizes, learners, weights, seed, jobs: int) -> tuple[list[str], float]:
+    """The table's rows (push then lease for each cell) and the seconds of simulation they took in all (one core's
+    worth, whatever ``jobs`` ran them at once)."""
+    cells = [(profile, mode, w, n, k, seed)
+             for n in sizes for k in learners for w in weights for mode in ("push", "lease")]
+    if jobs > 1:  # the largest swarms first, so that no long one starts last
+        order = sorted(range(len(cells)), key=lambda i: -cells[i][3])
+        with multiprocessing.get_context("fork").Pool(jobs) as pool:
+            done = pool.map(cell, [cells[i] for i in order], chunksize=1)
+        results = [f for _, f in sorted(zip(order, done), key=lambda x: x[0])]
+    else:
+        results = map(cell, cells)
+    rows, total = [HEADER, RULE], 0.0
+    for f in results:
+        print(row(f), f"({f.events:,} events, {f.wall_s:.1f} s)", flush=True)
+        rows.append(row(f))
+        total += f.wall_s
+    return rows, total
 
 
 ASSUMPTIONS = """Model (paper profile; `p2prl/experiments/swarmsim.py` states every assumption): Qwen3-1.7B as
@@ -95,20 +108,23 @@ def main() -> None:
     ap.add_argument("--loopback-learners", default="1,2")
     ap.add_argument("--loopback-step-s", type=float, default=1 / 4.18, help="seconds a learner step of 16 groups")
     ap.add_argument("--loopback-gen-rate", type=float, default=100.0, help="groups/s of the samplers' core, in all")
+    ap.add_argument("--jobs", type=int, default=1, help="cells simulated at once (processes)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     sizes, learners = ints(a.sizes), ints(a.learners)
     if a.quick:
         sizes, learners = [n for n in sizes if n <= 1000], [n for n in learners if n <= 4]
-    paper_rows, paper_s = grid(paper_profile(), sizes, learners, a.weights.split(","), a.seed)
+    paper_rows, paper_s = grid(paper_profile(), sizes, learners, a.weights.split(","), a.seed, a.jobs)
     loop = loopback_profile(step_s=a.loopback_step_s, gen_groups_per_s=a.loopback_gen_rate)
-    loop_rows, loop_s = grid(loop, ints(a.loopback_sizes), ints(a.loopback_learners), ["full"], a.seed)
+    loop_rows, loop_s = grid(loop, ints(a.loopback_sizes), ints(a.loopback_learners), ["full"], a.seed, a.jobs)
     body = "\n".join([
         ASSUMPTIONS.format(slots=LEARNER_SLOTS, call=CALL_S), "",
-        f"### Paper deployment (simulated in {paper_s:,.0f} s of this machine's time, seed {a.seed})", "",
+        f"### Paper deployment (simulated in {paper_s:,.0f} s of one core's time in all, on a shared machine; seed "
+        f"{a.seed})", "",
         *paper_rows, "",
-        f"### Loopback profile (simulated in {loop_s:,.0f} s), to set against `benchmarks/scale.py`", "",
+        f"### Loopback profile (simulated in {loop_s:,.0f} s of one core's time), to set against "
+        "`benchmarks/scale.py`", "",
         f"The tiny default policy (configs/default.toml: 16 groups a step, window 8), a learner step of "
         f"{a.loopback_step_s:.3f} s, the samplers sharing one core that makes {a.loopback_gen_rate:g} groups/s in "
         "all, loopback links, no churn. Set `--loopback-step-s` and `--loopback-gen-rate` from the real run's "

@@ -302,14 +302,12 @@ class Swarm:
 
     # ---- accounting ---------------------------------------------------------------------------------------
     def in_flight(self) -> int:
-        """Groups generated whose fate is not known yet: with a sampler (not held by a learner), waiting at a
-        learner or in the round under way (counted once, whoever holds them)."""
-        ids = set()
-        for s in self.samplers.values():
-            ids.update(gid for gid, p in s.outbox.groups.items() if p.learner is None or p.sending)
-        for L in self.learners:
-            ids.update(g.group_id for g in [*L.ledger.buffer.pending, *L.ledger.buffer.first])
-        return len(ids) + self.stats["in_round"]
+        """Groups generated whose fate is not known yet, read from the state machines: in a sampler's outbox and
+        neither sent nor held by a learner, in a batch on the wire, in a reply that says ``busy``, waiting at a
+        learner, or in the round under way."""
+        unsent = sum(len(s.outbox.unsent()) for s in self.samplers.values())
+        waiting = sum(len(L.ledger.buffer) for L in self.learners)
+        return unsent + self.stats["on_wire"] + self.stats["busy_replies"] + waiting + self.stats["in_round"]
 
     def snapshot(self) -> dict:
         return {"stats": Counter(self.stats), "t": self.clock.now, "version": self.version,
@@ -396,8 +394,8 @@ def bottleneck(f: Figures, p: Profile) -> str:
 
 
 def durations(p: Profile, weights: str, mode: str, samplers: int, learners: int) -> tuple[float, float, float]:
-    """(ramp, warm-up, measured) seconds: samplers join over the ramp; the warm-up lasts two staleness windows of
-    the learner's expected pace, and so does the measure (at least 1 and 2 minutes, at most 20)."""
+    """(ramp, warm-up, measured) seconds: samplers join over the ramp; the warm-up lasts a staleness window of the
+    learner's expected pace, and so does the measure (at least 1 and 2 minutes, at most 15)."""
     share = math.ceil(p.groups_per_step / learners)
     period = p.step_time(share, weights) + p.round_time(learners, weights, mode)
     rate = samplers * (p.gen_groups_per_s / samplers if p.shared_gen and p.gen_groups_per_s else
@@ -405,7 +403,7 @@ def durations(p: Profile, weights: str, mode: str, samplers: int, learners: int)
     period = max(period, p.groups_per_step / rate)
     ramp = min(60.0, 20 * period)
     window = p.max_staleness * period
-    return ramp, min(1200.0, max(60.0, 1.5 * window)), min(1200.0, max(120.0, 1.5 * window))
+    return ramp, min(900.0, max(60.0, window)), min(900.0, max(120.0, window))
 
 
 def run(profile: Profile, mode: str, weights: str, samplers: int, learners: int, seed: int = 0,

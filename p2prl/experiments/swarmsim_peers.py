@@ -212,7 +212,9 @@ class SimSampler:
             self.wait_room(views)
         elif self.w.mode == "push":
             self.generate(p.groups_per_step)
-        elif not self.behind:
+        elif not self.behind and not self.outbox.in_flight:
+            # the next lease once the last one's groups are answered: asked before they land, the learner would
+            # still count them as owed and grant nothing
             self.ask_lease()
 
     def wait_room(self, views: list[View]) -> None:
@@ -264,17 +266,22 @@ class SimSampler:
         while (planned := self.outbox.next_batch(self.views(), self.rate, self.w.clock.now, max_bytes)) is not None:
             target, batch = planned
             wire = self.rtt / 2 + len(batch) * len(self.data) * 8 / (self.up * 1e6)
+            self.w.count("on_wire", len(batch))
             self.w.clock.after(wire, self.arrive, target, [p.group for p in batch], self.w.clock.now)
 
     def arrive(self, target: str, groups: list[RolloutGroup], sent: float) -> None:
         results, queue, free, delay = self.w.by_id[target].on_batch(self.id, groups)
+        self.w.count("on_wire", -len(groups))
+        self.w.count("busy_replies", sum(1 for status, _ in results if status == "busy"))
         self.w.clock.after(delay + self.rtt / 2, self.answered, target, [g.group_id for g in groups], results,
                            queue, free, sent)
 
     def answered(self, learner: str, ids: list[str], results: list[tuple[str, str]], queue: int, free: int,
                  sent: float) -> None:
+        busy = sum(1 for status, _ in results if status == "busy")
+        self.w.count("busy_replies", -busy)
         if not self.alive:  # gone: its groups answered busy are lost with it
-            self.w.count("lost", sum(1 for status, _ in results if status == "busy"))
+            self.w.count("lost", busy)
             return
         now = self.w.clock.now
         self.outbox.batch_answered(learner, ids, results, queue, free, now - sent, now)
