@@ -523,6 +523,9 @@ class TestingConfig(_Section):
     """A sampler appends the ids of its groups acknowledged as trained to this file (audits)."""
     hold_file: str = Field("")
     """A learner takes no step while this file exists (tests fill its queue this way, whatever the machine's pace)."""
+    unleased: bool = Field(False)
+    """A sampler generates a loop's batch (train.groups_per_step) at a time without asking learners for leases, as
+    samplers before protocol 7 do (tests of the learners' `busy` guard)."""
 
 
 class Config(_Section):

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Callable
 from p2prl.rollout.record import Limits, RecordError, decode_group
 from p2prl.rollout.verify import MAX_COUNTER_DIGITS
 from p2prl.net.dht import COUNTER_BLOCK, MAX_RECORD_SESSIONS, SESSION_PREFIX, counter_window
-from p2prl.net.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, MessageError, RolloutReply,
-                                  RolloutRequest, RolloutsReply, RolloutsRequest, batch_frame_limit)
+from p2prl.net.messages import (MAX_ACK_IDS, AcksReply, AcksRequest, Bounds, LeaseReply, LeaseRequest, MessageError,
+                                  RolloutReply, RolloutRequest, RolloutsReply, RolloutsRequest, batch_frame_limit)
 from p2prl.net.protocol import queue_bounds, queue_room
 
 if TYPE_CHECKING:
@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 ACTIVE_SENDER_S = 60.0  # a sampler that sent records this recently shares the learner's queue
 MAX_TRACKED_SESSIONS = 256  # sampler sessions whose group counters a learner counts (the most recently active)
 SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions evicts only its own)
+MAX_LEASE_RETRY_S = 30.0  # the retry a refused lease request is told (the lease book's longest back-off)
 
 
 class SessionCounters:
@@ -121,6 +122,7 @@ class RolloutIntake:
         node.serve_rpc("rollouts", self.on_rollouts, batch, self.bad_batch, node.transfer_timeout(self.batch_limit))
         node.serve_rpc("rollout", self.on_rollout, Bounds(frame=self.limits.max_bytes), self.bad_record)
         node.serve_rpc("acks", self.on_acks, on_bad=self.bad_acks)
+        node.serve_rpc("lease", self.on_lease, on_bad=self.bad_lease)
 
     def shutdown(self) -> None:
         """Stop admitting: records still arriving are left unanswered (their samplers send them again)."""
@@ -143,6 +145,9 @@ class RolloutIntake:
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
             self.state.check(g, self.version())
+            if self.state.will_age_out(g, self.version()):  # it would wait past the window: dropped, untrained
+                self.state.count("would_age_out")
+                raise RecordError("stale", f"v{g.policy_version} would age out behind the groups waiting")
             self.verifier.check(g)  # recomputes the rewards
             if self.spot.wants(g.group_id, peer):
                 self.spot.check(g)  # recomputes the log-probs; raises RecordError("logprob_mismatch")
@@ -184,8 +189,10 @@ class RolloutIntake:
         return self.reputation is None or self.reputation.vouched(peer) or not self.reputation.suspect(peer)
 
     def room(self, peer: str) -> int:
-        """Groups ``peer`` may still have admitted before it is answered ``busy``."""
-        return queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share())
+        """Groups ``peer`` may still have admitted before it is answered ``busy``: at least what its lease owes (the
+        learner leased them out of its free queue)."""
+        return max(queue_room(*self.state.waiting(peer), *self.queue_bounds(), batch=self.step_share()),
+                   self.state.owed(peer))
 
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
@@ -249,6 +256,34 @@ class RolloutIntake:
         queue, free = self.state.depth(), self.room(peer)
         policy, run_record = self.policy_hint()
         return AcksReply(states, queue, free, policy, run_record)
+
+    async def on_lease(self, peer: str, req: LeaseRequest) -> LeaseReply:
+        """Work for ``peer``: a lease from this learner's demand (``leases.LeaseBook``). Banned peers' and
+        over-limit streams never get here (the node refuses them); a peer banned meanwhile, or one that sends
+        garbage and is not known (``sharing``), is answered with no groups and the longest retry, counted, logged."""
+        now, version = time.monotonic(), self.version()
+        policy, run_record = self.policy_hint()
+        refused = ("banned" if self.reputation is not None and self.reputation.banned(peer)
+                   else "suspect" if not self.sharing(peer) else None)
+        if refused:
+            n = self.state.lease_refused(refused)
+            if n <= 5 or n % 100 == 0:
+                log.info("refused a lease to %s: %s (%d so far)", peer[-6:], refused, n)
+            return LeaseReply(0, 0, version, 0.0, MAX_LEASE_RETRY_S, version, self.state.depth(), policy, run_record)
+        lease, waiting = self.state.lease(peer, req.want, req.rate, req.version, version,
+                                          (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue), now)
+        return LeaseReply(lease.lease_id, lease.groups, lease.until_version, max(0.0, lease.expires_at - now),
+                          lease.retry_s, version, waiting, policy, run_record)
+
+    def bad_lease(self, peer: str, e: MessageError) -> None:
+        """A ``lease`` request that does not parse: counted against the peer (toward a ban), logged, unanswered."""
+        if e.reason == "oversized":
+            self.reputation.reject(peer, "oversized_request")
+            return
+        self.reputation.reject(peer, "bad_lease_request")
+        n = self.state.lease_refused("bad_request")
+        if n <= 5 or n % 100 == 0:
+            log.warning("bad lease request from %s: %s (%d so far)", peer[-6:], e, n)
 
     def bad_acks(self, peer: str, e: MessageError) -> None:
         """An ``acks`` request that does not parse: counted and left unanswered (an oversized one counts against the

@@ -69,9 +69,8 @@ class LeaseBook:
         """``share``: groups this learner takes a step; ``window``: the staleness window (versions); ``queue_steps``,
         ``max_queue``: the queue's bound (``flow``); the rest bound a lease's life, the back-off and how long a
         sampler that asked counts among those sharing the target."""
-        self.share, self.window = max(1, share), max(0, window)
-        self.target = max(self.share, min(max_queue, math.ceil(queue_steps * self.share)))
-        self.queue_lag = min(self.window, max(0, math.ceil(self.target / self.share) - 1))  # steps a group waits
+        self.window = max(0, window)
+        self.resize(share, queue_steps, max_queue)
         self.min_life_s, self.max_life_s = min_life_s, max(min_life_s, max_life_s)
         self.min_retry_s, self.max_retry_s = min_retry_s, max(min_retry_s, max_retry_s)
         self.ask_window_s = ask_window_s
@@ -82,6 +81,13 @@ class LeaseBook:
         self._owed = 0
         self._next_id = 1
         self.version, self.version_at, self.step_s = -1, None, None  # the learner's pace, from the versions seen
+
+    def resize(self, share: int, queue_steps: float, max_queue: int) -> None:
+        """This learner's share of a step (it changes with the number of learners) and the queue's bound: the
+        target and the steps a group waits in the queue (``queue_lag``, taken off a lease's ``until_version``)."""
+        self.share, self.queue_steps, self.max_queue = max(1, share), queue_steps, max_queue
+        self.target = max(self.share, min(max_queue, math.ceil(queue_steps * self.share)))
+        self.queue_lag = min(self.window, max(0, math.ceil(self.target / self.share) - 1))
 
     # ---- reads (O(1)) ----------------------------------------------------------------------------------
     def owed(self, sampler: str | None = None) -> int:

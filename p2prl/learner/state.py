@@ -9,13 +9,16 @@ batches and commits steps, the heartbeat and metrics threads read reports). ``ta
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from typing import TYPE_CHECKING
 
 from p2prl.learner.intake import SessionCounters
+from p2prl.learner.leases import LeaseBook
 from p2prl.metrics import group_totals
 
 if TYPE_CHECKING:
+    from p2prl.learner.leases import Lease
     from p2prl.learner.ledger import GroupLedger
     from p2prl.rollout.record import RolloutGroup
 
@@ -30,6 +33,8 @@ class LearnerState:
         self._senders: dict[str, float] = {}  # sampler -> when it last sent records (monotonic)
         self._sessions = SessionCounters()  # the group counters each sampler session sent
         self._bytes_in = 0  # rollout records received
+        # the work handed out to samplers (``lease`` requests): sized by ``lease``'s caller, windowed as admission is
+        self._leases = LeaseBook(1, getattr(ledger.buffer, "max_staleness", 0))
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -87,18 +92,49 @@ class LearnerState:
             self._ledger.check(g, version)
 
     def admit(self, g: RolloutGroup, version: int) -> None:
-        """Admit ``g`` (checked, verified) and wake the training loop."""
+        """Admit ``g`` (checked, verified) and wake the training loop; it pays a group back of its sampler's lease."""
         with self._changed:
             self._ledger.admit(g, version)
+            self._leases.delivered(g.sampler, 1, time.monotonic())
             self._changed.notify_all()
+
+    # ---- leases ---------------------------------------------------------------------------------------
+    def lease(self, peer: str, want: int, rate: float, held: int, version: int, share: tuple[int, float, int],
+              now: float) -> tuple[Lease, int]:
+        """(a lease for ``peer``, groups waiting): ``LeaseBook.grant`` against the groups waiting here; ``share``:
+        (groups this learner takes a step, ``flow.queue_steps``, ``flow.max_learner_queue``)."""
+        with self._changed:
+            book = self._leases
+            if share != (book.share, book.queue_steps, book.max_queue):
+                book.resize(*share)
+            waiting = len(self._ledger.buffer)
+            return book.grant(peer, want, rate, version, waiting, now, held=held), waiting
+
+    def owed(self, peer: str) -> int:
+        """Groups ``peer``'s lease still owes (``LeaseBook.owed``)."""
+        with self._changed:
+            return self._leases.owed(peer)
+
+    def lease_refused(self, reason: str) -> int:
+        """A lease request refused (``reason``); how many so far for it."""
+        with self._changed:
+            self._leases.refuse(reason)
+            return self._leases.counts[f"refused/{reason}"]
+
+    def will_age_out(self, g: RolloutGroup, version: int) -> bool:
+        """Whether ``g``, admitted now behind the groups waiting, would age out of the window before it is trained
+        (``LeaseBook.will_age_out``)."""
+        with self._changed:
+            return self._leases.will_age_out(g.policy_version, version, len(self._ledger.buffer))
 
     def reject(self, reason: str, banned: str | None = None) -> int:
         """Count a rejected record; ``banned``: its sampler, banned by it, whose waiting groups are dropped. How many
         records were rejected for ``reason`` so far."""
         with self._changed:
             self._counts[f"rejected/{reason}"] += 1
-            if banned is not None:  # its groups still waiting are not trained (answered dropped)
+            if banned is not None:  # its groups still waiting are not trained (answered dropped), its lease ends
                 self._counts["dropped_banned"] += self._ledger.drop_sampler(banned)
+                self._leases.forget(banned)
             return self._counts[f"rejected/{reason}"]
 
     def states_of(self, ids: list[str]) -> dict[str, str]:
@@ -180,8 +216,10 @@ class LearnerState:
     def report(self) -> dict:
         """The counters as one snapshot: ``LearnerReport``'s ``counts``, ``lags``, ``queue_depth``, ``bytes_in``."""
         with self._changed:
-            return {"counts": dict(self._counts), "lags": dict(self._lags), "queue_depth": len(self._ledger.buffer),
-                    "bytes_in": self._bytes_in}
+            owed = self._leases.owed()
+            leases = {f"lease/{k}": n for k, n in self._leases.counts.items()} | ({"lease/owed": owed} if owed else {})
+            return {"counts": dict(self._counts) | leases, "lags": dict(self._lags),
+                    "queue_depth": len(self._ledger.buffer), "bytes_in": self._bytes_in}
 
     def record_fields(self) -> dict:
         """A peer record's ``queue_depth``, ``rejected``, ``sessions`` and ``sessions_left_out`` (the latter two for

@@ -396,6 +396,7 @@ class PeerRecord(_Record):
     sessions_left_out: int = Field(0, ge=0, le=10**6, description="learners: sessions counted but not listed")
     session: str = Field("", pattern=r"^[0-9A-Za-z._-]{0,32}$", description="samplers: the session of its group ids")
     unread: int = Field(0, ge=0, le=10**12, description="samplers: groups of the session no learner has read yet")
+    stale: int = Field(0, ge=0, le=10**12, description="samplers: groups made, then rejected or dropped as stale")
     authority: str = Field("", pattern=r"^([0-9a-f]{64})?$",
                            description="the run authority (trust.authority, hex) this peer checks; empty: none (open)")
 
@@ -408,7 +409,7 @@ class PeerRecord(_Record):
 
     def encode(self) -> bytes:
         # fields of protocol 5 and later are left out when empty, so that older peers (no such field) read the record
-        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority")
+        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority", "stale")
         return msgpack.packb(self.model_dump(exclude={f for f in optional if not getattr(self, f)}), use_bin_type=True)
 
 

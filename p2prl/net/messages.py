@@ -26,6 +26,9 @@ MAX_HELLO_LEARNERS = 64  # learners one ``hello`` reply names
 MAX_PEER_ID = 128  # characters of a peer id a ``hello`` reply names
 BATCH_HEADER = 4  # bytes of a ``rollouts`` batch's record count, and of each record's length
 MAX_ERROR = 200  # characters of a ``rollouts`` reply's error kept
+MAX_LEASE_GROUPS = 65_536  # groups one ``lease`` request asks for or one reply grants
+MAX_LEASE_S = 3600.0  # longest lease life or retry a ``lease`` reply names (seconds)
+MAX_RATE = 1e6  # fastest rate (groups a second) a ``lease`` request reports
 
 
 class MessageError(ValueError):
@@ -238,6 +241,73 @@ class AcksReply:
                    RunRecord.decode(d.get("run_record")))
 
 
+# ---- lease (sampler -> learner) -------------------------------------------------------------------------
+def _float(d: dict, key: str, high: float) -> float:
+    """A finite number in ``[0, high]`` (an int is taken, a bool is not); ``MessageError`` otherwise."""
+    v = d.get(key)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0.0 <= v <= high:  # NaN fails too
+        raise MessageError("bad_field", f"field {key!r} missing or not a number in [0, {high:g}]")
+    return float(v)
+
+
+def _count(d: dict, key: str, high: int) -> int:
+    v = d.get(key)
+    if _int(v) is None or not 0 <= v <= high:
+        raise MessageError("bad_field", f"field {key!r} missing or not an int in [0, {high}]")
+    return v
+
+
+@dataclass(frozen=True)
+class LeaseRequest:
+    """A sampler asks a learner for work: up to ``want`` groups; ``rate``: groups it makes a second (0: not measured
+    yet); ``version``: the policy version it holds."""
+
+    want: int
+    rate: float
+    version: int
+
+    def encode(self) -> bytes:
+        return pack({"want": self.want, "rate": float(self.rate), "version": self.version})
+
+    @classmethod
+    def decode(cls, raw: bytes, bounds: Bounds = CONTROL) -> LeaseRequest:
+        """``want`` in 0..``MAX_LEASE_GROUPS``, ``rate`` a finite number in 0..``MAX_RATE``, ``version`` >= 0."""
+        d = _map(raw, bounds, {})
+        return cls(_count(d, "want", MAX_LEASE_GROUPS), _float(d, "rate", MAX_RATE), _count(d, "version", 2**63))
+
+
+@dataclass(frozen=True)
+class LeaseReply:
+    """A learner's lease: ``groups`` to make for it (0: none wanted now), delivered while its version is at most
+    ``until_version`` and within ``life_s`` seconds of the reply; ``retry_s``: when to ask again; its ``version``
+    now and its waiting groups (``queue``); its newest policy record and (authority runs) the run record it holds."""
+
+    lease_id: int
+    groups: int
+    until_version: int
+    life_s: float
+    retry_s: float
+    version: int
+    queue: int
+    policy: PolicyRecord | None = None
+    run_record: RunRecord | None = None
+
+    def encode(self) -> bytes:
+        return pack({"lease_id": self.lease_id, "groups": self.groups, "until_version": self.until_version,
+                     "life_s": float(self.life_s), "retry_s": float(self.retry_s), "version": self.version,
+                     "queue": self.queue, **_hints(self.policy, self.run_record)})
+
+    @classmethod
+    def decode(cls, raw: bytes, bounds: Bounds = CONTROL) -> LeaseReply:
+        """Counts and versions are ints in range (``groups`` at most ``MAX_LEASE_GROUPS``), the seconds finite
+        numbers in 0..``MAX_LEASE_S``."""
+        d = _map(raw, bounds, {})
+        big = 2**63
+        return cls(_count(d, "lease_id", big), _count(d, "groups", MAX_LEASE_GROUPS), _count(d, "until_version", big),
+                   _float(d, "life_s", MAX_LEASE_S), _float(d, "retry_s", MAX_LEASE_S), _count(d, "version", big),
+                   _count(d, "queue", big), PolicyRecord.decode(d.get("policy")), RunRecord.decode(d.get("run_record")))
+
+
 # ---- hello and state (learner -> learner) ----------------------------------------------------------------
 @dataclass(frozen=True)
 class Empty:
@@ -362,6 +432,7 @@ PROTOCOLS: dict[str, Protocol] = {p.name: p for p in [
     Protocol("rollouts", "sampler -> learner", RolloutsRequest, RolloutsReply),
     Protocol("rollout", "sampler -> learner", RolloutRequest, RolloutReply),
     Protocol("acks", "sampler -> learner", AcksRequest, AcksReply),
+    Protocol("lease", "sampler -> learner", LeaseRequest, LeaseReply),
     Protocol("weights", "anyone -> a holder", WeightsRequest, None),
     Protocol("state", "learner -> learner", StateRequest, None),
     Protocol("hello", "learner -> learner", HelloRequest, HelloReply),

@@ -13,8 +13,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from p2prl.sampler.outbox import Outbox
-from p2prl.net.messages import AcksReply, AcksRequest, MessageError, RolloutsRequest
+from p2prl.sampler.lease import LEASE_PROTOCOL, LeaseHolder
+from p2prl.sampler.outbox import Outbox, pick_learner
+from p2prl.net.messages import AcksReply, AcksRequest, LeaseReply, LeaseRequest, MessageError, RolloutsRequest
 from p2prl.net.node import Refused, backoff
 
 if TYPE_CHECKING:
@@ -67,6 +68,7 @@ class LearnerLink:
         self.rtts: dict[str, float] = {}  # the outbox's round-trip times, as last published for other threads
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
         self.waiting = False  # no learner of the run answers (``note_learners``)
+        self.lease = LeaseHolder(cfg.train.groups_per_step)  # the work leased to us (``lease.py``)
 
     def note_learners(self, learners: list[PeerRecord]) -> None:
         """Say once when no learner of the run answers any more (none announced, or every one given up on after
@@ -171,3 +173,51 @@ class LearnerLink:
                 reply = self.node.call_async(learner, "acks", AcksRequest(tuple(chunk)))
                 self.acking.append(Asking(learner, chunk, reply))
         self.flush()
+
+    # ---- leases ------------------------------------------------------------------------------------------
+    def work(self, version: int, newest: int) -> int:
+        """Groups to make now (0: none leased; ``lease.retry_at`` says when it asks again): the lease held is ended if
+        its learner is gone (from the run's records, or given up on after failed exchanges) or it ran out
+        (``LeaseHolder.check``), and a new one asked for when none is held, of a learner not backed off from.
+        ``version``: the policy version held; ``newest``: the newest a learner is known to be at. Learners of
+        earlier protocols hand out no leases: with only those, one loop's batch (``train.groups_per_step``)."""
+        answering = self.outbox.answering(self.learners())
+        leasing = [r for r in answering if r.protocol >= LEASE_PROTOCOL]
+        if not leasing or self.cfg.testing.unleased:
+            return self.cfg.train.groups_per_step if answering else 0
+        now = time.monotonic()
+        if self.lease.check({r.peer_id for r in leasing}, newest, now):
+            self.lease.retry_at = now  # ask another learner at once
+        usable = self.outbox.usable(leasing, time.time())
+        while self.lease.held is None and (ask := [r for r in usable if self.lease.should_ask(now, r.peer_id)]):
+            self.ask_lease(pick_learner(ask, self.outbox.rng), version, now)  # one told "no work" is asked no more
+        self.lease.next_ask([r.peer_id for r in usable])
+        return self.lease.call_size(now)
+
+    def ask_lease(self, learner: str, version: int, now: float) -> None:
+        """Ask ``learner`` for a lease (waited for). A reply from a peer the run's trust does not take as a learner,
+        or one that does not decode, is refused as forged; a failed request backs off from that learner."""
+        req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version)
+        try:
+            reply: LeaseReply = self.node.call(learner, "lease", req)
+        except MessageError as e:
+            self.lease.refused("forged", now)
+            log.warning("a lease reply from %s does not decode: %s; refused", learner[-6:], e)
+            return
+        except Exception as e:
+            self.lease.refused("failed", now)
+            self.outbox.failed(learner, f"asking for a lease ({type(e).__name__})", time.time())
+            return
+        if not self.node.trust.authorized(learner) or learner not in {r.peer_id for r in self.learners()}:
+            self.lease.refused("forged", now)
+            self.node.trust.reject("lease", learner)
+            return
+        self.outbox.heard(learner, reply.queue, None)
+        self.on_reply(learner, reply.policy, reply.run_record)
+        was_idle = self.lease.idle
+        self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, reply.life_s, reply.retry_s,
+                           reply.version, now)
+        if self.lease.idle and not was_idle:  # the first time at INFO, to say what it means; then DEBUG
+            n = self.lease.counts["lease/idle_spells"] = self.lease.counts["lease/idle_spells"] + 1
+            log.log(logging.INFO if n == 1 else logging.DEBUG, "idle: learner %s has no work for this sampler now (the "
+                    "run has enough samplers); asking again in %.1f s", learner[-6:], self.lease.told[learner] - now)

@@ -47,13 +47,14 @@ from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.delivery import LearnerLink
+from p2prl.sampler.lease import SyncPacer
 from p2prl.sampler.report import SamplerProgress, SamplerSnapshot, sampler_metrics
 from p2prl.net import peerbook
 from p2prl.trust.authority import RunRecord, Trust, refuse_unchecked_authority
 from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.net.fetch import fetch_weights
 from p2prl.trust.limits import PeerLimits
-from p2prl.net.node import SwarmNode, wait_until
+from p2prl.net.node import Refused, SwarmNode, wait_until
 from p2prl.net.protocol import WeightStore, weights_handler
 from p2prl.trust.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, RunIdHint, differences, run_config
 from p2prl.trust.runconfig import check as check_run_config
@@ -66,6 +67,7 @@ FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap)
 START_POLL_CAP_S = 0.5  # longest pause between them
+IDLE_POLL_S = 0.05  # shortest pause of the loop while no work is leased
 LOADED_LISTED = 256  # the summary lists the versions loaded, at most this many (the most recent)
 
 T = TypeVar("T")
@@ -115,6 +117,7 @@ class Sampler:
         self.link = LearnerLink(cfg, node, lambda: self.learners, lambda: self.throughput, self.heard)
         self.throughput = 0.0
         self.next_sync = 0
+        self.pacer = SyncPacer(cfg.trust.peer_bulk_requests_per_s, MIN_LOOKUP_S)  # the sync thread's weight requests
         # shared
         self.lock = threading.Lock()
         self.counts: Counter[str] = Counter()  # weight fetches and loads (the outbox counts its own), under lock
@@ -141,7 +144,9 @@ class Sampler:
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
             got = fetch_weights(self.node, others + [publisher], rec, parallel)
-        except Exception as e:  # timed out, or the node is stopping: the next pass tries again
+        except Exception as e:  # timed out, refused, or the node is stopping: the next pass tries again
+            if isinstance(e, Refused) and e.reason == "limited":  # over its limit all the same: a slower pace
+                self.pacer.refused(publisher, time.monotonic())
             log.debug("weights v%d: %s", rec.version, type(e).__name__)
             return None
         if got.bad_hashes:
@@ -172,6 +177,7 @@ class Sampler:
             return None
         if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
             return None
+        self.pacer.asked(publisher, time.monotonic())
         blob = self.fetch(publisher, rec, direct=hint is not None and self.link.rtts.get(publisher, 0.0) >= FAR_RTT_S)
         return None if blob is None else (publisher, rec, blob)
 
@@ -216,7 +222,7 @@ class Sampler:
     def policy_sync(self, stop: threading.Event) -> None:
         """Policy look-ups and fetches, off the generating path (own thread): a version fetched here waits in
         the ``fetched`` slot until the loop loads it between rollouts, and is served meanwhile. Runs every
-        ``net.poll_s``, or sooner (``MIN_LOOKUP_S`` apart) when a learner's reply names a version newer than
+        ``net.poll_s``, or sooner (``SyncPacer``: under the learner's limit) when a reply names a version newer than
         ours (``note_policy``). While learners' replies keep naming their newest records, there is no DHT
         look-up: it would only cost a far sampler round trips before the next hint."""
         while not stop.is_set():
@@ -234,7 +240,7 @@ class Sampler:
             except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
                 if not stop.is_set():
                     log.warning("policy sync: %s: %s", type(e).__name__, e)
-            stop.wait(MIN_LOOKUP_S)
+            stop.wait(self.pacer.pause_s(time.monotonic()))  # under the learner's per-peer limit on weights
 
     def heartbeats(self, stop: threading.Event) -> None:
         """The heartbeat (own thread, so that a far sampler's slow DHT stores never hold up a fetch): every
@@ -290,7 +296,8 @@ class Sampler:
         self.node.records.refresh_trust()
         self.node.records.announce(new_record("sampler", self.cfg.net.run_id, self.node.peer_id,
                                       policy_version=self.core.version, throughput=self.throughput,
-                                      queue_depth=self.view.groups, session=self.session(), unread=self.view.unread))
+                                      queue_depth=self.view.groups, session=self.session(), unread=self.view.unread,
+                                      stale=self.view.counts.get("waste/stale", 0)))
         errors = self.node.records.dht_errors
         learners = self.node.records.peers("learner")
         if learners or self.node.records.dht_errors == errors:  # a failed look-up is not every learner gone
@@ -307,7 +314,8 @@ class Sampler:
         counts = self.link.outbox.counts
         return SamplerSnapshot(version=self.core.version, newest=max(self.newest, self.core.version),
                                made=self.core.groups_made, accepted=counts["send/accepted"],
-                               trained=counts["acked/trained"], waiting=self.link.waiting, kept=len(self.link.outbox))
+                               trained=counts["acked/trained"], waiting=self.link.waiting, kept=len(self.link.outbox),
+                               idle=self.link.lease.idle and self.link.lease.held is None, stale=counts["waste/stale"])
 
     def run(self, stop: threading.Event, progress: bool = False) -> None:
         """Generate and send until ``stop``; ``progress``: a progress bar (on a terminal), else a status line in the
@@ -327,10 +335,11 @@ class Sampler:
         shown = SamplerProgress(progress and not stop.is_set(), log)
         shown.start(self.snapshot())
         try:
-            self.generate(stop, shown)
+            generate(self, stop, shown)
         finally:
             shown.close(self.snapshot())
-        self.view = View(dict(self.link.outbox.counts), len(self.link.outbox), self.link.outbox.unread())
+        self.view = View(dict(self.link.outbox.counts) | dict(self.link.lease.counts), len(self.link.outbox),
+                         self.link.outbox.unread())
         self.wake.set()  # the sync thread waits for it, or for net.poll_s
         # both watch `stop` in every wait (their DHT and stream calls give up on it): one shared bound, not one each
         deadline = time.monotonic() + self.cfg.net.rpc_timeout_s + 1
@@ -360,43 +369,50 @@ class Sampler:
             refuse_unchecked_authority(self.node, "sampler")
         check_run_config(self.node.records.run_configs(), run_config(self.cfg, self.core.task), "sampler", run_id)
 
-    def generate(self, stop: threading.Event, shown: SamplerProgress) -> None:
-        """The loop: load what the sync thread fetched, handle replies, send, generate; until ``stop``."""
-        n = self.cfg.train.groups_per_step
-        last_poll = 0.0
-        while not stop.is_set():
-            self.view = View(dict(self.link.outbox.counts), len(self.link.outbox), self.link.outbox.unread())
-            shown.update(self.snapshot())
-            # a newer version fetched by the sync thread: loaded here, between rollouts
-            if (got := self.fetched.take()) is not None:
-                self.load(*got)
-            self.link.collect()
-            self.link.flush()
-            if time.time() - last_poll > self.cfg.net.poll_s:
-                self.link.settle()
-                last_poll = time.time()
-            learners = self.learners
-            self.link.note_learners(learners)
-            full = len(self.link.outbox) >= self.cfg.flow.outbox_limit or self.link.outbox.full(learners, time.time())
-            if not learners or full:
-                stop.wait(self.cfg.net.poll_s)
-                continue
-            if self.link.outbox.unsent():  # groups wait for room at a learner: making more now would only age them
-                self.link.wait_for_room(stop)
-                continue
-            t0 = time.time()
-            groups = self.core.rollout(self.core.own_prompt_ids(n))
-            if self.cfg.testing.slowdown > 1:
-                stop.wait((self.cfg.testing.slowdown - 1) * (time.time() - t0))
-            for g in groups:
-                self.link.outbox.add(g, encode_group(g))
-            self.link.flush()
-            self.throughput = 0.8 * self.throughput + 0.2 * n / max(1e-6, time.time() - t0)
-
     def all_counts(self) -> dict[str, int]:
         """The outbox's counters as the loop last published them, and the weight fetches' now."""
         with self.lock:
             return {**self.view.counts, **self.counts}
+
+
+def generate(s: Sampler, stop: threading.Event, shown: SamplerProgress) -> None:
+    """The sampler's loop: load what the sync thread fetched, handle replies, send, and generate the work a learner
+    leased to it (``LearnerLink.work``), in calls sized from its rate; with none leased, wait for when the learner
+    said to ask again (idle: the run has enough samplers), handling replies meanwhile; until ``stop``."""
+    link, last_poll = s.link, 0.0
+    while not stop.is_set():
+        s.view = View(dict(link.outbox.counts) | dict(link.lease.counts), len(link.outbox), link.outbox.unread())
+        shown.update(s.snapshot())
+        # a newer version fetched by the sync thread: loaded here, between rollouts
+        if (got := s.fetched.take()) is not None:
+            s.load(*got)
+        link.collect()
+        link.flush()
+        if time.time() - last_poll > s.cfg.net.poll_s:
+            link.settle()
+            last_poll = time.time()
+        learners = s.learners
+        link.note_learners(learners)
+        full = len(link.outbox) >= s.cfg.flow.outbox_limit or link.outbox.full(learners, time.time())
+        if not learners or full:
+            stop.wait(s.cfg.net.poll_s)
+            continue
+        if link.outbox.unsent():  # groups wait for room at a learner: making more now would only age them
+            link.wait_for_room(stop)
+            continue
+        n = link.work(s.core.version, max(s.newest, s.core.version))
+        if n == 0:  # none leased: the lease is asked for again when the learner said (replies handled meanwhile)
+            stop.wait(min(s.cfg.net.poll_s, max(IDLE_POLL_S, link.lease.wake_at - time.monotonic())))
+            continue
+        t0, leased_by = time.time(), link.lease.learner
+        groups = s.core.rollout(s.core.own_prompt_ids(n))
+        if s.cfg.testing.slowdown > 1:
+            stop.wait((s.cfg.testing.slowdown - 1) * (time.time() - t0))
+        link.lease.made(len(groups), time.time() - t0)
+        for g in groups:
+            link.outbox.add(g, encode_group(g), leased_by)
+        link.flush()
+        s.throughput = 0.8 * s.throughput + 0.2 * n / max(1e-6, time.time() - t0)
 
 
 def join_authority_run(node: SwarmNode, cfg: Config, task, stop: threading.Event,

@@ -45,6 +45,7 @@ class Pending:
     data: bytes
     learner: str | None  # None: no learner holds it
     sending: bool = False  # in a batch whose reply has not been handled yet
+    leased_by: str | None = None  # the learner that leased it: sent there while that learner has room
 
 
 def pick_learner(learners: list[PeerRecord], rng=random) -> str | None:
@@ -72,8 +73,8 @@ class Outbox:
     def __len__(self) -> int:
         return len(self.groups)
 
-    def add(self, group: RolloutGroup, data: bytes) -> None:
-        self.groups[group.group_id] = Pending(group, data, None)
+    def add(self, group: RolloutGroup, data: bytes, leased_by: str | None = None) -> None:
+        self.groups[group.group_id] = Pending(group, data, None, leased_by=leased_by)
 
     def whereabouts(self) -> dict[str, int]:
         """Where the groups still here are: with a learner that has not yet reported them trained, dropped or
@@ -115,9 +116,12 @@ class Outbox:
         if not ready:
             return None
         room = {r.peer_id: w for r in self.usable(learners, now) if (w := self.window(r, throughput)) > 0}
-        target = pick_learner([r for r in learners if r.peer_id in room], self.rng)
+        leased = next((p.leased_by for p in ready if p.leased_by in room), None)  # to the learner that leased them
+        target = leased or pick_learner([r for r in learners if r.peer_id in room], self.rng)
         if target is None:
             return None
+        if leased:
+            ready = [p for p in ready if p.leased_by == target] + [p for p in ready if p.leased_by != target]
         batch, nbytes = [], 0
         while ready and len(batch) < room[target] and (not batch or nbytes + len(ready[0].data) <= max_bytes):
             batch.append(ready.pop(0))
@@ -190,6 +194,8 @@ class Outbox:
             return
         if status == "rejected":
             self.counts[f"send/rejected/{reason}"] += 1
+            if reason == "stale":  # generated, then too old to train: wasted
+                self.counts["waste/stale"] += 1
             level = logging.DEBUG if reason == "stale" else logging.WARNING
             log.log(level, "learner %s rejected group %s: %s", learner[-6:], p.group.group_id[-12:], reason)
             del self.groups[p.group.group_id]
@@ -244,6 +250,8 @@ class Outbox:
             state = states.get(gid, "unknown")
             if state in DONE_STATES:
                 self.counts[f"acked/{state}"] += 1
+                if state == "dropped":  # aged out in the learner's queue: wasted
+                    self.counts["waste/stale"] += 1
                 del self.groups[gid]
                 if state == "trained":
                     trained.append(gid)

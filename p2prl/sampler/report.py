@@ -26,6 +26,8 @@ class SamplerSnapshot:
     trained: int  # groups learners confirmed trained
     waiting: bool = False  # no learner of the run answers: the sampler waits for one
     kept: int = 0  # groups in the outbox (kept while it waits)
+    idle: bool = False  # no work leased: the run has enough samplers now
+    stale: int = 0  # groups made, then rejected or dropped as stale (wasted)
 
     @property
     def lag(self) -> int:
@@ -35,15 +37,19 @@ class SamplerSnapshot:
 
 def progress_postfix(s: SamplerSnapshot) -> str:
     """What the progress bar shows after its count and rate of groups made."""
-    wait = f"waiting for a learner, {s.kept} groups kept; " if s.waiting else ""
-    return f"{wait}v{s.version} lag {s.lag}, {s.accepted} accepted, {s.trained} confirmed trained"
+    wait = (f"waiting for a learner, {s.kept} groups kept; " if s.waiting
+            else "idle: the run has enough samplers; " if s.idle else "")
+    stale = f", {s.stale} stale" if s.stale else ""
+    return f"{wait}v{s.version} lag {s.lag}, {s.accepted} accepted, {s.trained} confirmed trained{stale}"
 
 
 def status_line(s: SamplerSnapshot, rate: float) -> str:
     """The log's once-a-minute line where there is no progress bar; ``rate``: groups made per second lately."""
-    wait = f"waiting for a learner of the run ({s.kept} groups kept); " if s.waiting else ""
+    wait = (f"waiting for a learner of the run ({s.kept} groups kept); " if s.waiting
+            else "idle: the run has enough samplers now (learners lease it no work); " if s.idle else "")
+    stale = f", {s.stale} wasted as stale" if s.stale else ""
     return (f"{wait}policy v{s.version} (lag {s.lag}): {s.made} groups made, {s.accepted} accepted, "
-            f"{s.trained} confirmed trained, {rate:.2f} groups/s")
+            f"{s.trained} confirmed trained{stale}, {rate:.2f} groups/s")
 
 
 class SamplerProgress:

@@ -7,7 +7,8 @@ from helpers.swarm_util import last_json, read_jsonl, wait_for
 
 def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peers, tmp_path):
     """One learner keeping one step's groups waiting (4: at most 2 of each of two samplers, 4 of one alone) and
-    two samplers of 4 groups a loop, each sending its loop's batch in one stream: the learner answers busy
+    two samplers of 4 groups a loop that take no leases (as samplers before protocol 7; leased samplers make only
+    what the learner has room for), each sending its loop's batch in one stream: the learner answers busy
     beyond the bound, those groups stay with their sampler and are trained later, and every group trained
     is acknowledged to its sampler. The learner is held (``testing.hold_file``: it admits but takes no step)
     until a sampler was answered busy, so its queue fills whatever the machine's pace."""
@@ -19,7 +20,7 @@ def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peer
                out=out)
     acks = {s: tmp_path / f"{s}.acks" for s in ("s0", "s1")}
     for s, f in acks.items():
-        peers.join(s, "sampler", maddr, f"testing.ack_log={f}")
+        peers.join(s, "sampler", maddr, f"testing.ack_log={f}", "testing.unleased=true")  # work pushed: busy guards
 
     def busy_ids():
         return {gid for s in acks for gid in re.findall(r"busy: group (\S+) kept", peers.log(s))}

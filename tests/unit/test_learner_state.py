@@ -73,7 +73,7 @@ def test_rejections_and_flags_count_in_the_one_counter(state):
     state.received(100)
     report = state.report()
     assert report["counts"] == {"admitted": 1, "rejected/malformed": 2, "rejected/logprob_mismatch": 1,
-                                "dropped_banned": 1, "round/too_many_learners": 1}
+                                "dropped_banned": 1, "round/too_many_learners": 1, "lease/unleased": 1}
     assert report["bytes_in"] == 100 and report["queue_depth"] == 0
     record = state.record_fields()  # (sessions: test_withheld_groups.py; "s/a" names no sampler session)
     assert (record["queue_depth"], record["rejected"], record["sessions"]) == (0, 3, [])

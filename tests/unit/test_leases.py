@@ -127,3 +127,53 @@ def test_a_forgotten_sampler_frees_what_it_owes_and_an_admitted_group_past_the_w
     assert not b.will_age_out(3, 10, waiting=4)
     assert b.will_age_out(3, 10, waiting=8)  # behind 8: trained at v12, lag 9
     assert b.will_age_out(1, 10, waiting=0)
+
+
+# ---- the learner's ``lease`` handler (p2prl/learner/intake.py) over its state -------------------------------
+def learner_intake(tmp_path, caplog=None):
+    import asyncio
+
+    from p2prl.config import load_config
+    from p2prl.learner.intake import RolloutIntake
+    from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
+    from p2prl.learner.state import LearnerState
+    from p2prl.rollout.record import Limits
+    from p2prl.trust.reputation import Reputation
+
+    cfg = load_config(None, ["train.groups_per_step=4", "staleness.max_staleness=4", "trust.ban_threshold=2"])
+    ledger = GroupLedger(4, 8, OwnGroupFiles(tmp_path / "own", Limits()))
+    rep = Reputation(cfg.trust)
+    it = RolloutIntake(cfg.flow, 4, Limits(), LearnerState(ledger), verifier=None, spot=None, reputation=rep,
+                       version=lambda: 6, latest=lambda: None, learners=lambda: 1)
+    return it, rep, lambda req: asyncio.run(it.on_lease("12D3KooWsampler", req))
+
+
+def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_suspect_peers(tmp_path, caplog):
+    import logging
+
+    from p2prl.net.messages import LeaseRequest, MessageError
+
+    it, rep, ask = learner_intake(tmp_path)
+    reply = ask(LeaseRequest(want=16, rate=2.0, version=6))
+    assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 4 - 1, 6, 0)
+    assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1
+    assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
+    import time
+
+    for peer in ("12D3KooWsampler", "12D3KooWother"):  # two active senders: half the queue each, 4 groups ...
+        it.state.sent(peer, time.monotonic(), 0.0)
+    assert it.room("12D3KooWother") == 4 and it.room("12D3KooWsampler") == 8  # ... but what its lease owes is room
+    with caplog.at_level(logging.INFO, logger="p2prl.learner.intake"):
+        it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # garbage: suspect from now on
+        refused = ask(LeaseRequest(want=16, rate=2.0, version=6))
+        assert refused.groups == 0 and refused.retry_s == 30.0
+        it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # the second: banned
+        assert rep.banned("12D3KooWsampler") and ask(LeaseRequest(want=1, rate=1.0, version=6)).groups == 0
+    counts = it.state.report()["counts"]
+    assert counts["lease/refused/suspect"] == 1 and counts["lease/refused/banned"] == 1
+    assert counts["lease/refused/bad_request"] == 2 and counts["lease/granted"] == 1
+    assert [r.getMessage() for r in caplog.records if r.name == "p2prl.learner.intake"] == [
+        "bad lease request from ampler: bad_field: field 'want' (1 so far)",
+        "refused a lease to ampler: suspect (1 so far)",
+        "bad lease request from ampler: bad_field: field 'want' (2 so far)",
+        "refused a lease to ampler: banned (1 so far)"]

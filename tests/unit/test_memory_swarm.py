@@ -85,6 +85,8 @@ def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowle
     assert not any(t.is_alive() for t in threads)
     assert summary["version"] >= 2 and summary["groups"]["trained"] >= sampler.view.counts["acked/trained"]
     assert sampler.core.version >= 1  # it loaded versions the learner published
+    assert sampler.view.counts["lease/granted"] >= 1  # it made the groups the learner leased to it
+    assert summary["admission"]["lease/granted"] >= 1 and summary["admission"]["lease/delivered"] >= 8
 
 
 def test_a_node_refuses_a_trust_whose_identity_is_not_its_own(tmp_path):

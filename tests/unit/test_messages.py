@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from p2prl.trust import authority as a
 from p2prl.net.dht import PolicyRecord, RunConfigRecord
 from p2prl.net.messages import (PROTOCOLS, AcksReply, AcksRequest, BlobReply, BlobRequest, Bounds, HelloReply,
-                                  HelloRequest, MessageError, RolloutReply, RolloutRequest, RolloutsReply,
-                                  RolloutsRequest, StateRequest, WeightsRequest, pack)
+                                  HelloRequest, LeaseReply, LeaseRequest, MessageError, RolloutReply, RolloutRequest,
+                                  RolloutsReply, RolloutsRequest, StateRequest, WeightsRequest, pack)
 from helpers.streams import Served, Writer, frame
 
 FUZZ = settings(max_examples=150, deadline=5000, derandomize=True, database=None,
@@ -32,6 +32,9 @@ text = st.text(max_size=20)
 ints = st.integers(-(2**63), 2**64 - 1)
 policies = st.sampled_from([None, POLICY])
 runs = st.sampled_from([None, RUN])
+counts = st.integers(0, 65_536)
+versions = st.integers(0, 2**63)
+seconds = st.floats(0, 3600)
 VALID = {
     RolloutsRequest: st.builds(RolloutsRequest, st.lists(st.binary(max_size=40), min_size=1, max_size=8).map(tuple)),
     RolloutsReply: st.builds(RolloutsReply, st.lists(st.tuples(text, text), max_size=8).map(tuple), ints, ints,
@@ -41,6 +44,9 @@ VALID = {
     AcksRequest: st.builds(AcksRequest, st.lists(text, max_size=20).map(tuple)),
     AcksReply: st.builds(AcksReply, st.dictionaries(text, text, max_size=8), ints, st.one_of(st.none(), ints),
                          policies, runs),
+    LeaseRequest: st.builds(LeaseRequest, counts, st.floats(0, 1e6), versions),
+    LeaseReply: st.builds(LeaseReply, versions, counts, versions, seconds, seconds, versions, versions, policies,
+                          runs),
     HelloRequest: st.just(HelloRequest()),
     StateRequest: st.just(StateRequest()),
     HelloReply: st.builds(HelloReply, policies, st.lists(st.text(min_size=1, max_size=128), max_size=64).map(tuple)),
@@ -69,7 +75,9 @@ def test_every_message_round_trips(msg):
                                             st.dictionaries(st.sampled_from(["results", "queue", "free", "policy",
                                                                              "run_record", "error", "status", "ids",
                                                                              "states", "learners", "version",
-                                                                             "sha256", "offset", "length"]),
+                                                                             "sha256", "offset", "length", "want",
+                                                                             "rate", "lease_id", "groups",
+                                                                             "until_version", "life_s", "retry_s"]),
                                                             VALUES, max_size=6).map(pack)))
 def test_every_decoder_gives_its_message_or_a_message_error(cls, raw):
     try:
@@ -103,6 +111,12 @@ PINNED = [
      pack({"states": {"S/1": "trained"}, "queue": 2, "free": 7, "policy": POLICY.encode(),
            "run_record": RUN.encode()})),
     (AcksReply({}, 0), pack({"states": {}, "queue": 0})),
+    (LeaseRequest(4, 1.5, 7), pack({"want": 4, "rate": 1.5, "version": 7})),
+    (LeaseReply(3, 4, 14, 6.0, 0.5, 7, 2, POLICY, RUN),
+     pack({"lease_id": 3, "groups": 4, "until_version": 14, "life_s": 6.0, "retry_s": 0.5, "version": 7, "queue": 2,
+           "policy": POLICY.encode(), "run_record": RUN.encode()})),
+    (LeaseReply(0, 0, 0, 0.0, 2.0, 9, 8), pack({"lease_id": 0, "groups": 0, "until_version": 0, "life_s": 0.0,
+                                                "retry_s": 2.0, "version": 9, "queue": 8})),
     (HelloRequest(), pack({})),
     (StateRequest(), pack({})),
     (HelloReply(POLICY, ("a", "b")), pack({"policy": POLICY.encode(), "learners": ["a", "b"]})),
@@ -131,6 +145,22 @@ def test_nested_records_are_decoded_once_and_a_bad_one_is_none():
     assert reply.policy == POLICY and reply.run_record == RUN
     odd = pack({"results": [["a", "b"], ["c"], 5], "queue": 0, "free": 0})
     assert RolloutsReply.decode(odd).results == (("a", "b"),)
+
+
+def test_a_lease_message_out_of_its_bounds_is_refused():
+    ok = {"want": 4, "rate": 1.5, "version": 7}
+    for bad in ({"want": -1}, {"want": 65_537}, {"want": True}, {"rate": float("nan")}, {"rate": float("inf")},
+                {"rate": -0.5}, {"rate": "1"}, {"version": -1}, {"version": 1.0}):
+        with pytest.raises(MessageError) as e:
+            LeaseRequest.decode(pack(ok | bad))
+        assert e.value.reason == "bad_field"
+    assert LeaseRequest.decode(pack(ok | {"rate": 2})) == LeaseRequest(4, 2.0, 7)  # an int rate is a number
+    reply = LeaseReply(3, 4, 14, 6.0, 0.5, 7, 2).encode()
+    good = msgpack.unpackb(reply)
+    for bad in ({"groups": 65_537}, {"life_s": 3601.0}, {"retry_s": float("nan")}, {"until_version": -2},
+                {"lease_id": "x"}, {"queue": None}):
+        with pytest.raises(MessageError):
+            LeaseReply.decode(pack(good | bad))
 
 
 # ---- the node's side: a bad request goes to on_bad, or is counted and left unanswered ----------------------
