@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _results import write_section  # noqa: E402
 
 from p2prl.experiments.swarmsim import Figures, loopback_profile, paper_profile, run  # noqa: E402
-from p2prl.experiments.swarmsim_base import CALL_S, LEARNER_SLOTS  # noqa: E402
+from p2prl.experiments.swarmsim_base import LEARNER_SLOTS  # noqa: E402
+from p2prl.sampler.lease import WANT_S  # noqa: E402
 
 HEADER = ("| samplers | learners | weights | mode | offered | generated | trained | wasted (stale) | waste | lag | "
           "versions/s | 90% reach | ctl req/s | ctl CPU | learner busy | DHT B/s | first bottleneck |")
@@ -86,7 +87,8 @@ gradient rounds: 8 bytes per trainable parameter before, 4 after, ring all-reduc
 plus 4 us per active sender before (so that 400-500 samplers fill a learner's event loop, as measured for issue 38);
 DHT: 1 KB records, 5 replicas, log2(peers) hops of 200 B; before: one `peers` key every peer writes and reads each
 heartbeat; after: the learners' key, 32 sampler shards (written every 3 heartbeats, read by operators only), holders
-sharded. Lease mode: a sampler asks for {call:.0f} s of its generation per lease. Columns: groups a second offered
+sharded. Lease mode: the real `LeaseHolder` (a sampler asks for {want:.0f} s of its generation per lease).
+Columns: groups a second offered
 (what the live samplers could make), generated, trained and wasted (generated, then rejected or dropped as stale);
 waste = wasted over the groups whose fate fell in the window (trained, wasted, or lost with a volunteer who left);
 lag = learner versions between a group's policy and its training step; 90% reach = median time for a version to reach
@@ -119,7 +121,7 @@ def main() -> None:
     loop = loopback_profile(step_s=a.loopback_step_s, gen_groups_per_s=a.loopback_gen_rate)
     loop_rows, loop_s = grid(loop, ints(a.loopback_sizes), ints(a.loopback_learners), ["full"], a.seed, a.jobs)
     body = "\n".join([
-        ASSUMPTIONS.format(slots=LEARNER_SLOTS, call=CALL_S), "",
+        ASSUMPTIONS.format(slots=LEARNER_SLOTS, want=WANT_S), "",
         f"### Paper deployment (simulated in {paper_s:,.0f} s of one core's time in all, on a shared machine; seed "
         f"{a.seed})", "",
         *paper_rows, "",

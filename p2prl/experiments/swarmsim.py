@@ -15,11 +15,13 @@ Two modes, one table:
   sampler waits for room, polling (the way ``LearnerLink.wait_for_room`` and ``settle`` do); gradient rounds ship 8
   bytes per trainable parameter (float64 fixed point) within ``rounds.timeout_s``; the control plane costs O(active
   senders) per request (``RolloutIntake.queue_bounds`` walks them); DHT: one ``peers`` key every peer reads.
-* ``lease`` (after): a sampler asks a learner for a lease (``LeaseBook.grant``), makes only the leased groups, in
-  one call sized from its rate (``CALL_S`` of work), sends them to that learner and asks again; with no demand it
-  waits the ``retry_s`` the book says; the learner refuses groups that would age out (``will_age_out``); rounds ship
-  4 bytes per trainable parameter; requests cost O(1); DHT: the sharded layout (learners' key, ``PEER_SHARDS``
-  sampler shards read only by operators, ``HOLDER_SHARDS`` holder shards).
+* ``lease`` (after): a sampler runs the real ``LeaseHolder`` (``sampler/lease.py``) as ``LearnerLink.work`` does:
+  it asks a learner for a lease (the learner state's ``LeaseBook.grant``), makes only the leased groups, in calls
+  sized from its measured rate (``LeaseHolder.call_size``), sends them to that learner, and asks again; with no
+  demand it asks another learner, and waits the ``retry_s`` each learner set; the learner refuses groups that would
+  age out (``will_age_out``) and keeps room for what a lease owes; rounds ship 4 bytes per trainable parameter;
+  requests cost O(1); DHT: the sharded layout (learners' key, ``PEER_SHARDS`` sampler shards read only by
+  operators, ``HOLDER_SHARDS`` holder shards).
 
 Model assumptions (the defaults of ``Profile``, the paper's deployment: configs/qwen3-1.7b-math-paper.toml):
 

@@ -13,7 +13,6 @@ from p2prl.config import FlowConfig, load_config
 log = logging.getLogger(__name__)
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CALL_S = 20.0  # lease mode: seconds of generation a sampler asks for per lease (its rate x this, at least 1 group)
 LEARNER_SLOTS = 4  # weight uploads a learner serves at once (max_uploads_per_version x keep_versions)
 RECORD_WIRE_BYTES = 1024  # a DHT record on the wire
 DHT_REPLICAS = 5

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from p2prl.experiments.swarmsim_base import CALL_S, Holder, NoFiles, View
+from p2prl.experiments.swarmsim_base import Holder, NoFiles, View
 from p2prl.learner.intake import ACTIVE_SENDER_S
-from p2prl.learner.leases import Lease, LeaseBook
+from p2prl.learner.leases import Lease
 from p2prl.learner.ledger import GroupLedger
 from p2prl.learner.state import LearnerState
 from p2prl.net.protocol import queue_bounds, queue_room
 from p2prl.rollout.record import RecordError, RolloutGroup
 from p2prl.sampler.delivery import ROOM_POLL_S
+from p2prl.sampler.lease import LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ class SimLearner:
         self.ledger.buffer.on_drop = lambda g: (drop(g), world.fate(g, "wasted", "dropped_stale"))
         self.state = LearnerState(self.ledger)
         self.state.publish(0, sha(0))
-        self.book = LeaseBook(self.share, p.max_staleness, p.flow.queue_steps, p.flow.max_learner_queue)
         self.view = View(name)
         self.senders: OrderedDict[str, float] = OrderedDict()  # sampler -> last sent (virtual), oldest first
         self.waiters: list[SimSampler] = []  # samplers waiting for room here (their idle polls are counted)
@@ -80,11 +80,13 @@ class SimLearner:
         return self.loop_free - now
 
     def room(self, peer: str) -> int:
-        """``RolloutIntake.room``: groups ``peer`` may still have admitted before it is answered ``busy``."""
+        """``RolloutIntake.room``: groups ``peer`` may still have admitted before it is answered ``busy`` (at least
+        what its lease still owes)."""
         f = self.w.profile.flow
-        return queue_room(*self.state.waiting(peer),
+        room = queue_room(*self.state.waiting(peer),
                           *queue_bounds(self.share, f.queue_steps, f.max_learner_queue, self.active()),
                           batch=self.share)
+        return max(room, self.state.owed(peer)) if self.w.mode == "lease" else room
 
     def on_batch(self, peer: str, groups: list[RolloutGroup]) -> tuple[list[tuple[str, str]], int, int, float]:
         """``RolloutIntake.on_rollouts`` on the virtual clock: (status, reason) per group, the queue, the room left
@@ -103,12 +105,10 @@ class SimLearner:
     def admit(self, g: RolloutGroup) -> tuple[str, str]:
         try:
             self.state.check(g, self.version)
-            if self.w.mode == "lease" and self.book.will_age_out(g.policy_version, self.version, self.state.depth()):
+            if self.w.mode == "lease" and self.state.will_age_out(g, self.version):
                 self.state.count("would_age_out")
                 raise RecordError("stale", "would age out")
-            self.state.admit(g, self.version)
-            if self.w.mode == "lease":
-                self.book.delivered(g.sampler, 1, self.w.clock.now)
+            self.state.admit(g, self.version)  # pays a group back of its sampler's lease
             return "accepted", ""
         except RecordError as e:
             if e.reason == "duplicate":
@@ -122,11 +122,16 @@ class SimLearner:
         delay = self.charge("acks")
         return self.state.states_of(ids), self.state.depth(), self.room(peer), delay
 
-    def on_lease(self, s: SimSampler) -> tuple[Lease, float]:
-        delay = self.charge("lease")
-        lease = self.book.grant(s.id, s.want(), s.rate, self.version, self.state.depth(), self.w.clock.now,
-                                held=s.version)
+    def on_lease(self, peer: str, want: int, rate: float, held: int) -> tuple[Lease, float]:
+        """``RolloutIntake.on_lease``: the learner state's ``LeaseBook`` grants; and the reply's delay."""
+        f, delay = self.w.profile.flow, self.charge("lease")
+        lease, _ = self.state.lease(peer, want, rate, held, self.version,
+                                    (self.share, f.queue_steps, f.max_learner_queue), self.w.clock.now)
         return lease, delay
+
+    def lease_counts(self) -> dict[str, int]:
+        """The lease book's counters (``lease/...``), as the learner reports them."""
+        return {k: v for k, v in self.state.report()["counts"].items() if k.startswith("lease/")}
 
     # ---- samplers waiting for room ------------------------------------------------------------------------
     def poll_rate(self) -> float:
@@ -185,19 +190,13 @@ class SimSampler:
         p = world.profile
         self.outbox = Outbox(p.flow, p.groups_per_step, lambda n: min(30.0, 0.5 * 2 ** n), world.rng)
         self.version, self.n = 0, 0
-        self.alive, self.generating, self.settling, self.asking, self.behind = True, False, False, False, False
+        self.alive, self.generating, self.settling, self.asking, self.waking = True, False, False, False, False
         self.fetch_state = "idle"
         self.holder = Holder(up, 0)
-        self.lease_at: str | None = None  # lease mode: the learner of the newest lease
+        self.lease = LeaseHolder(p.groups_per_step)  # lease mode: the lease held, asked for, its rate
         self.data = world.record_data
 
-    def want(self) -> int:
-        """Groups asked for per lease: ``CALL_S`` of this sampler's generation, at least one."""
-        return max(1, round(self.rate * CALL_S))
-
     def views(self) -> list[View]:
-        if self.w.mode == "lease" and self.lease_at is not None:
-            return [self.w.by_id[self.lease_at].view]
         return self.w.views
 
     # ---- the loop -----------------------------------------------------------------------------------------
@@ -212,10 +211,10 @@ class SimSampler:
             self.wait_room(views)
         elif self.w.mode == "push":
             self.generate(p.groups_per_step)
-        elif not self.behind and not self.outbox.in_flight:
-            # the next lease once the last one's groups are answered: asked before they land, the learner would
-            # still count them as owed and grant nothing
-            self.ask_lease()
+        elif (n := self.work()) > 0:
+            self.generate(n, self.lease.learner)
+        elif not self.asking:
+            self.idle()
 
     def wait_room(self, views: list[View]) -> None:
         now = self.w.clock.now
@@ -239,22 +238,25 @@ class SimSampler:
         self.flush()
         self.next_work()
 
-    def generate(self, k: int) -> None:
+    def generate(self, k: int, leased_by: str | None = None) -> None:
         self.generating = True
         self.w.generating += 1
-        self.w.clock.after(k / self.w.gen_rate(self), self.generated, k, self.version)
+        took = k / self.w.gen_rate(self)
+        self.w.clock.after(took, self.generated, k, self.version, took, leased_by)
 
-    def generated(self, k: int, version: int) -> None:
+    def generated(self, k: int, version: int, took: float, leased_by: str | None) -> None:
         self.generating = False
         self.w.generating -= 1
         if not self.alive:
             return
+        if self.w.mode == "lease":
+            self.lease.made(k, took)
         for _ in range(k):
             gid = f"{self.id}/{self.n}"
             g = RolloutGroup(gid, "sim", self.n, version, sha(version), PROMPT, TOKENS, LENGTHS, LOGQ, REWARDS,
                              sampler=self.id)
             self.n += 1
-            self.outbox.add(g, self.data)
+            self.outbox.add(g, self.data, leased_by)
         self.w.count("generated", k)
         self.flush()
         self.next_work()
@@ -319,42 +321,51 @@ class SimSampler:
         self.next_work()
 
     # ---- leases -------------------------------------------------------------------------------------------
-    def ask_lease(self) -> None:
-        """A ``lease`` request to the learner of the last lease, or to the one ``pick_learner`` picks."""
-        self.asking = True
-        target = self.lease_at or pick_learner(self.w.views, self.w.rng)
-        self.w.clock.after(self.rtt / 2, self.lease_arrives, target)
+    def work(self) -> int:
+        """``LearnerLink.work``: groups to make now under the lease held (``LeaseHolder``); with none held, a lease
+        asked of a learner that may be asked (0 meanwhile)."""
+        lease, now = self.lease, self.w.clock.now
+        if self.asking:
+            return 0
+        if lease.check(set(self.w.by_id), self.w.version, now):
+            lease.retry_at = now  # ask another learner at once
+        if lease.held is None:
+            ask = [v for v in self.w.views if lease.should_ask(now, v.peer_id)]
+            if ask:
+                self.asking = True
+                self.w.clock.after(self.rtt / 2, self.lease_arrives, pick_learner(ask, self.w.rng), now)
+                return 0
+            lease.next_ask(list(self.w.by_id))
+        return lease.call_size(now)
 
-    def lease_arrives(self, target: str) -> None:
-        lease, delay = self.w.by_id[target].on_lease(self)
-        self.w.clock.after(delay + self.rtt / 2, self.leased, target, lease)
+    def lease_arrives(self, learner: str, asked: float) -> None:
+        reply, delay = self.w.by_id[learner].on_lease(self.id, self.lease.want(), self.lease.rate, self.version)
+        self.w.clock.after(delay + self.rtt / 2, self.leased, learner, reply, self.w.by_id[learner].version,
+                           reply.expires_at - self.w.clock.now)
 
-    def leased(self, learner: str, lease: Lease) -> None:
+    def leased(self, learner: str, reply: Lease, version: int, life_s: float) -> None:
+        """``LearnerLink.ask_lease``'s reply: the holder takes it; then back to the loop."""
         self.asking = False
         if not self.alive:
             return
-        if lease.groups > 0:
-            self.lease_at = learner
-            self.generate(lease.groups)
-        elif lease.until_version < self.w.by_id[learner].version and lease.lease_id == 0:
-            self.behind = True  # our weights are too old for any lease: the next version loaded asks again
-            self.w.count("lease_behind")
-        else:
-            self.w.count("lease_empty")
-            self.lease_at = None  # no demand there: the next request goes to the learner pick_learner picks
-            self.asking = True
-            self.w.clock.after(lease.retry_s, self.retry_lease)
+        self.outbox.heard(learner, self.w.by_id[learner].state.depth(), None)
+        self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, life_s, reply.retry_s,
+                           version, self.w.clock.now)
+        self.next_work()
 
-    def retry_lease(self) -> None:
-        self.asking = False
+    def idle(self) -> None:
+        """No lease: back to the loop when a learner may be asked again (``LeaseHolder.wake_at``)."""
+        if not self.waking:
+            self.waking = True
+            self.w.clock.after(max(0.0, self.lease.wake_at - self.w.clock.now), self.woken)
+
+    def woken(self) -> None:
+        self.waking = False
         self.next_work()
 
     # ---- weights and churn ----------------------------------------------------------------------------------
     def loaded(self, version: int) -> None:
         self.version = self.holder.version = version
-        if self.behind:
-            self.behind = False
-            self.next_work()
 
     def leave(self) -> None:
         """Gone: groups no learner holds or is being sent are lost."""
