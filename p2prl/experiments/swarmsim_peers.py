@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from p2prl.experiments.swarmsim import Swarm
 
 log = logging.getLogger(__name__)
+BEHIND_KEEPALIVE_S = 30.0  # a sampler refused as behind asks for real again after this long (it stays an asker)
 
 PROMPT = np.zeros(1, np.int32)  # the arrays every simulated group shares (no state machine reads them)
 TOKENS = np.zeros((1, 1), np.int32)
@@ -53,6 +54,8 @@ class SimLearner:
         self.waiters: list[SimSampler] = []  # samplers waiting for room here (their idle polls are counted)
         self.waiting_at: dict[str, int] = {}
         self.waited_since = 0.0
+        self.behind: dict[str, float] = {}  # samplers refused as behind -> lease requests a second they repeat
+        self.behind_rate = 0.0  # their sum
         self.loop_free = 0.0  # when the event loop is through the requests queued on it
         self.control_cpu = 0.0
         self.busy_s = 0.0  # training and rounds
@@ -140,12 +143,24 @@ class SimLearner:
         return 1 / min(p.poll_s, max(ROOM_POLL_S, 2 * p.rtt_s)) + 1 / p.poll_s
 
     def count_idle_polls(self) -> None:
-        """Charge the polls the waiters sent since the last count (each found no room: no state changed)."""
+        """Charge the polls the waiters sent since the last count (each found no room: no state changed), and the
+        lease requests samplers refused as behind repeat (each refused again until they load a newer version)."""
         now = self.w.clock.now
-        n = len(self.waiters) * (now - self.waited_since) * self.poll_rate()
-        self.waited_since = now
-        if n > 0:
-            self.charge("room polls", n)
+        dt, self.waited_since = now - self.waited_since, now
+        if self.waiters and dt > 0:
+            self.charge("room polls", len(self.waiters) * dt * self.poll_rate())
+        if self.behind and dt > 0:
+            self.charge("lease (behind, repeated)", self.behind_rate * dt)
+
+    def add_behind(self, s: SimSampler, rate: float) -> None:
+        self.count_idle_polls()
+        self.behind_rate += rate - self.behind.get(s.id, 0.0)
+        self.behind[s.id] = rate
+
+    def remove_behind(self, s: SimSampler) -> None:
+        if s.id in self.behind:
+            self.count_idle_polls()
+            self.behind_rate -= self.behind.pop(s.id)
 
     def add_waiter(self, s: SimSampler) -> None:
         if s.id in self.waiting_at:
@@ -194,6 +209,7 @@ class SimSampler:
         self.fetch_state = "idle"
         self.holder = Holder(up, 0)
         self.lease = LeaseHolder(p.groups_per_step)  # lease mode: the lease held, asked for, its rate
+        self.behind_at: str | None = None  # the learner that refused us a lease as behind (repeats counted there)
         self.data = world.record_data
 
     def views(self) -> list[View]:
@@ -211,6 +227,8 @@ class SimSampler:
             self.wait_room(views)
         elif self.w.mode == "push":
             self.generate(p.groups_per_step)
+        elif self.behind_at is not None:  # refused as behind: its repeated requests are counted at that learner
+            return
         elif (n := self.work()) > 0:
             self.generate(n, self.lease.learner)
         elif not self.asking:
@@ -349,8 +367,29 @@ class SimSampler:
         if not self.alive:
             return
         self.outbox.heard(learner, self.w.by_id[learner].state.depth(), None)
+        behind = self.lease.counts["lease/behind"]
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, life_s, reply.retry_s,
                            version, self.w.clock.now)
+        if self.lease.counts["lease/behind"] > behind:
+            self.refused_behind(learner)
+        else:
+            self.next_work()
+
+    def refused_behind(self, learner: str) -> None:
+        """Our version is too old for a lease: the real sampler asks again after the learner's retry, and is refused
+        again until it loaded a newer version. Those repeats are counted (``SimLearner.add_behind``), not simulated;
+        the sampler asks for real once it loads a version, or after ``BEHIND_KEEPALIVE_S``."""
+        now = self.w.clock.now
+        self.w.by_id[learner].add_behind(self, 1 / (max(0.0, self.lease.retry_at - now) + self.rtt))
+        self.behind_at = learner
+        self.w.clock.after(BEHIND_KEEPALIVE_S, self.ask_again, self.version)
+
+    def ask_again(self, version: int | None = None) -> None:  # noqa: ARG002  (the version it was refused at)
+        """Behind no more (or the keep-alive): ask for real."""
+        if self.behind_at is None or not self.alive:
+            return
+        self.w.by_id[self.behind_at].remove_behind(self)
+        self.behind_at = None
         self.next_work()
 
     def idle(self) -> None:
@@ -366,6 +405,7 @@ class SimSampler:
     # ---- weights and churn ----------------------------------------------------------------------------------
     def loaded(self, version: int) -> None:
         self.version = self.holder.version = version
+        self.ask_again()
 
     def leave(self) -> None:
         """Gone: groups no learner holds or is being sent are lost."""
@@ -373,3 +413,4 @@ class SimSampler:
         self.w.count("lost", sum(1 for p in self.outbox.groups.values() if p.learner is None and not p.sending))
         for L in self.w.learners:
             L.remove_waiter(self)
+            L.remove_behind(self)
