@@ -49,29 +49,42 @@ def row(f: Figures) -> str:
             f"{fmt_bytes(f.dht_Bps)} | {f.bottleneck} |")
 
 
-def cell(args) -> Figures:
-    profile, mode, weights, n, learners, seed = args
-    return run(profile, mode, weights, n, learners, seed)
+def cell(args) -> tuple[int, Figures]:
+    i, profile, mode, weights, n, learners, seed = args
+    return i, run(profile, mode, weights, n, learners, seed)
 
 
-def grid(profile, sizes, learners, weights, seed, jobs: int) -> tuple[list[str], float]:
-    """The table's rows (push then lease for each cell) and the seconds of simulation they took in all (one core's
-    worth, whatever ``jobs`` ran them at once)."""
-    cells = [(profile, mode, w, n, k, seed)
-             for n in sizes for k in learners for w in weights for mode in ("push", "lease")]
-    if jobs > 1:  # the largest swarms first, so that no long one starts last
-        order = sorted(range(len(cells)), key=lambda i: -cells[i][3])
-        with multiprocessing.get_context("fork").Pool(jobs) as pool:
-            done = pool.map(cell, [cells[i] for i in order], chunksize=1)
-        results = [f for _, f in sorted(zip(order, done), key=lambda x: x[0])]
-    else:
-        results = map(cell, cells)
-    rows, total = [HEADER, RULE], 0.0
-    for f in results:
-        print(row(f), f"({f.events:,} events, {f.wall_s:.1f} s)", flush=True)
-        rows.append(row(f))
-        total += f.wall_s
-    return rows, total
+def cells(profile, sizes, learners, weights, seed) -> list[tuple]:
+    return [(profile, mode, w, n, k, seed)
+            for n in sizes for k in learners for w in weights for mode in ("push", "lease")]
+
+
+def table(todo: list[tuple], done: dict[int, Figures]) -> tuple[list[str], float]:
+    """The rows of the cells done, in grid order (push then lease for each cell), a line naming those not simulated
+    yet, and the seconds of simulation they took in all (one core's worth, whatever ran them at once)."""
+    rows = [HEADER, RULE, *(row(done[i]) for i in range(len(todo)) if i in done)]
+    left = [f"{c[3]:,} samplers / {c[4]} learners / {c[2]} / {c[1]}" for i, c in enumerate(todo) if i not in done]
+    if left:
+        rows += ["", f"Not simulated (the run was stopped before them): {'; '.join(left)}."]
+    return rows, sum(f.wall_s for f in done.values())
+
+
+def simulate(parts: list[list[tuple]], jobs: int, report) -> None:
+    """Run every part's cells (the smallest swarms first, ``jobs`` at once), calling ``report(done per part)`` as
+    each cell ends, so that a stopped run leaves the cells it finished written."""
+    flat = [(k, i, *c) for k, part in enumerate(parts) for i, c in enumerate(part)]
+    flat.sort(key=lambda x: (x[5], x[6]))  # by samplers, then learners
+    done: list[dict[int, Figures]] = [{} for _ in parts]
+    args = [(k * 100_000 + i, *c) for k, i, *c in flat]
+    pool = multiprocessing.get_context("fork").Pool(jobs) if jobs > 1 else None
+    try:
+        for key, f in (pool.imap_unordered(cell, args) if pool else map(cell, args)):
+            done[key // 100_000][key % 100_000] = f
+            print(row(f), f"({f.events:,} events, {f.wall_s:.1f} s)", flush=True)
+            report(done)
+    finally:
+        if pool:
+            pool.terminate()
 
 
 ASSUMPTIONS = """Model (paper profile; `p2prl/experiments/swarmsim.py` states every assumption): Qwen3-1.7B as
@@ -117,10 +130,21 @@ def main() -> None:
     sizes, learners = ints(a.sizes), ints(a.learners)
     if a.quick:
         sizes, learners = [n for n in sizes if n <= 1000], [n for n in learners if n <= 4]
-    paper_rows, paper_s = grid(paper_profile(), sizes, learners, a.weights.split(","), a.seed, a.jobs)
+    paper = cells(paper_profile(), sizes, learners, a.weights.split(","), a.seed)
     loop = loopback_profile(step_s=a.loopback_step_s, gen_groups_per_s=a.loopback_gen_rate)
-    loop_rows, loop_s = grid(loop, ints(a.loopback_sizes), ints(a.loopback_learners), ["full"], a.seed, a.jobs)
-    body = "\n".join([
+    loopback = cells(loop, ints(a.loopback_sizes), ints(a.loopback_learners), ["full"], a.seed)
+    command = "python benchmarks/scale_sim.py" + " ".join(["", *sys.argv[1:]])
+
+    def report(done: list[dict[int, Figures]]) -> None:
+        if not a.no_write:
+            write_section("scale_sim", "Scale, simulated: push (before) and leases (after), 8 to 10,000 samplers",
+                          command, body(a, *table(paper, done[0]), *table(loopback, done[1])))
+
+    simulate([paper, loopback], a.jobs, report)
+
+
+def body(a, paper_rows: list[str], paper_s: float, loop_rows: list[str], loop_s: float) -> str:
+    return "\n".join([
         ASSUMPTIONS.format(slots=LEARNER_SLOTS, want=WANT_S), "",
         f"### Paper deployment (simulated in {paper_s:,.0f} s of one core's time in all, on a shared machine; seed "
         f"{a.seed})", "",
@@ -132,10 +156,6 @@ def main() -> None:
         "all, loopback links, no churn. Set `--loopback-step-s` and `--loopback-gen-rate` from the real run's "
         "measured rates to compare.", "",
         *loop_rows])
-    if not a.no_write:
-        command = "python benchmarks/scale_sim.py" + " ".join(["", *sys.argv[1:]])
-        write_section("scale_sim", "Scale, simulated: push (before) and leases (after), 8 to 10,000 samplers",
-                      command, body)
 
 
 if __name__ == "__main__":
