@@ -144,13 +144,16 @@ class SimLearner:
 
     def count_idle_polls(self) -> None:
         """Charge the polls the waiters sent since the last count (each found no room: no state changed), and the
-        lease requests samplers refused as behind repeat (each refused again until they load a newer version)."""
+        lease requests samplers refused as behind repeat (each refused again until they load a newer version); each
+        sampler asks again only once answered, so their rate falls as the event loop falls behind."""
         now = self.w.clock.now
         dt, self.waited_since = now - self.waited_since, now
+        lag = max(0.0, self.loop_free - now)  # each waits for its answer before it asks again: a busy loop slows them
         if self.waiters and dt > 0:
-            self.charge("room polls", len(self.waiters) * dt * self.poll_rate())
+            self.charge("room polls", len(self.waiters) * dt / (1 / self.poll_rate() + lag))
         if self.behind and dt > 0:
-            self.charge("lease (behind, repeated)", self.behind_rate * dt)
+            n = len(self.behind)
+            self.charge("lease (behind, repeated)", n * dt / (n / self.behind_rate + lag))
 
     def add_behind(self, s: SimSampler, rate: float) -> None:
         self.count_idle_polls()
