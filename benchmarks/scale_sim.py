@@ -106,7 +106,8 @@ Columns: groups a second offered
 waste = wasted over the groups whose fate fell in the window (trained, wasted, or lost with a volunteer who left);
 lag = learner versions between a group's policy and its training step; 90% reach = median time for a version to reach
 90% of the samplers; ctl req/s = control-plane requests a second per learner (batches, acks, room polls, leases); ctl
-CPU = the busiest learner's event loop; DHT B/s = what one sampler reads and writes. The first bottleneck is the first
+CPU = what those requests ask of the busiest learner's event loop (over 100%: it falls behind); DHT B/s = what one
+sampler reads and writes. The first bottleneck is the first
 of: control plane (event loop >= 90%), DHT (a value over p2pd's 4 MiB or the hottest key's replicas past 1 Gbit/s),
 gradient rounds, learner compute (learners busy >= 90%), stale work (waste >= 50%), learner uplink for weights (a
 version takes over half the window to reach 90% of the samplers), else generation."""

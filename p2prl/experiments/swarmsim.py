@@ -49,7 +49,9 @@ Model assumptions (the defaults of ``Profile``, the paper's deployment: configs/
   as measured for issue 38; requests queue on that one loop. Samplers waiting for room poll a learner every
   ``min(poll_s, max(ROOM_POLL_S, 2 x rtt))`` and ask it for acknowledgements every ``poll_s``: those polls that find
   no room are counted and charged to the loop, not simulated one by one (they change no state); the polls that
-  find room are simulated (order statistics of the waiters' poll phases).
+  find room are simulated (order statistics of the waiters' poll phases). Likewise the lease requests a sampler
+  refused as behind repeats (at the retry the learner set) until it loads a newer version. Counted polls are
+  closed-loop: a sampler asks again only once answered, so they slow down as the learner's loop falls behind.
 * DHT (``dht_bytes``): every record about 1 KB on the wire (record, owned subkey with an RSA key, signature), a
   store goes to 5 replicas, a look-up walks log2(peers) nodes at 200 bytes a hop and reads the value once.
 
@@ -363,7 +365,7 @@ class Figures:
     versions_per_s: float
     reach_s: float  # median seconds for a version to reach 90% of the samplers (inf: most never did)
     control_rps: float  # control-plane requests a second per learner (mean)
-    control_cpu: float  # share of a learner's event loop they take (the busiest learner)
+    control_cpu: float  # share of a learner's event loop they ask for (the busiest learner; over 1: it falls behind)
     learner_busy: float  # share of the time learners train or run rounds
     upload_busy: float  # share of the learners' weight-upload slots in use
     busy_pct: float  # share of the samplers' generation capacity used (generated over offered)
