@@ -145,8 +145,9 @@ class RolloutIntake:
             if g.sampler != peer or not g.group_id.startswith(peer + "/"):
                 raise RecordError("wrong_sender", f"record names sampler {g.sampler[-6:]}")
             self.state.check(g, self.version())
-            if self.state.will_age_out(g, self.version()):  # it would wait past the window: dropped, untrained
-                self.state.count("would_age_out")
+            # it would wait past the window behind the groups waiting: dropped untrained, so not admitted
+            if self.state.will_age_out(g, self.version(), self.step_share()):
+                self.state.count("lease/would_age_out")
                 raise RecordError("stale", f"v{g.policy_version} would age out behind the groups waiting")
             self.verifier.check(g)  # recomputes the rewards
             if self.spot.wants(g.group_id, peer):

@@ -34,6 +34,7 @@ LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to 
 FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
 MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there is demand: it may have recovered)
 FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
+MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
 
 
@@ -118,7 +119,8 @@ class LeaseBook:
         self.expire(version, now)
         self.askers[sampler] = now
         self.askers.move_to_end(sampler)
-        while self.askers and next(iter(self.askers.values())) < now - self.ask_window_s:
+        while self.askers and (next(iter(self.askers.values())) < now - self.ask_window_s
+                               or len(self.askers) > MAX_ASKERS):
             self.askers.popitem(last=False)
         held = version if held is None else min(held, version)
         until = held + self.window - self.queue_lag
@@ -198,10 +200,11 @@ class LeaseBook:
         crowd = max(1.0, len(self.askers) / self.target)
         return min(max(step * crowd, self.min_retry_s), self.max_retry_s)
 
-    def will_age_out(self, group_version: int, version: int, waiting: int) -> bool:
+    def will_age_out(self, group_version: int, version: int, waiting: int, share: int | None = None) -> bool:
         """Whether a group of ``group_version``, admitted now behind ``waiting`` groups, would wait past the window
-        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on)."""
-        return version + waiting // self.share - group_version > self.window
+        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on; ``share``:
+        the groups a step takes, by default the book's)."""
+        return version + waiting // max(1, share or self.share) - group_version > self.window
 
     # ---- inside -----------------------------------------------------------------------------------------
     def _close(self, sampler: str, outcome: float) -> None:

@@ -34,7 +34,10 @@ class LearnerState:
         self._sessions = SessionCounters()  # the group counters each sampler session sent
         self._bytes_in = 0  # rollout records received
         # the work handed out to samplers (``lease`` requests): sized by ``lease``'s caller, windowed as admission is
-        self._leases = LeaseBook(1, getattr(ledger.buffer, "max_staleness", 0))
+        # (the most versions the admission rule lets a trained group lag)
+        buffer = ledger.buffer
+        rule = getattr(buffer, "rule", None)
+        self._leases = LeaseBook(1, rule.trained_lag(buffer.max_staleness) if rule is not None else 0)
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -121,11 +124,11 @@ class LearnerState:
             self._leases.refuse(reason)
             return self._leases.counts[f"refused/{reason}"]
 
-    def will_age_out(self, g: RolloutGroup, version: int) -> bool:
-        """Whether ``g``, admitted now behind the groups waiting, would age out of the window before it is trained
-        (``LeaseBook.will_age_out``)."""
+    def will_age_out(self, g: RolloutGroup, version: int, share: int) -> bool:
+        """Whether ``g``, admitted now behind the groups waiting, would age out of the window before it is trained at
+        ``share`` groups a step (``LeaseBook.will_age_out``)."""
         with self._changed:
-            return self._leases.will_age_out(g.policy_version, version, len(self._ledger.buffer))
+            return self._leases.will_age_out(g.policy_version, version, len(self._ledger.buffer), share)
 
     def reject(self, reason: str, banned: str | None = None) -> int:
         """Count a rejected record; ``banned``: its sampler, banned by it, whose waiting groups are dropped. How many

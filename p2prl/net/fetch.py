@@ -49,6 +49,7 @@ class Fetched:
     blob: bytearray | None
     holders: list[str]
     bad_hashes: int = 0  # assembled blobs whose sha256 differed from the record's
+    limited: list[str] = field(default_factory=list)  # holders that refused a range: over their limit for us
 
 
 def split(size: int, n: int) -> list[Piece]:
@@ -133,7 +134,7 @@ async def assemble(node: WeightSource, holders: list[str], rec: PolicyRecord, pa
     asm = Assembly(rec.size, split(rec.size, min(parallel, len(holders))))
     final = asyncio.Event()
     hasher = asyncio.ensure_future(asm.hash_along(final))
-    todo, ready, used = list(asm.pieces), list(holders), []
+    todo, ready, used, limited = list(asm.pieces), list(holders), [], []
     active: dict[asyncio.Task, tuple[str, Piece]] = {}
     try:
         while True:
@@ -157,14 +158,16 @@ async def assemble(node: WeightSource, holders: list[str], rec: PolicyRecord, pa
                           holder[-6:], piece.pos, type(e).__name__, str(e)[:80])
                 if piece.pos > piece.start:
                     used.append(holder)  # its bytes are in the buffer: the hash checks them too
+                if isinstance(e, Refused) and e.reason == "limited":
+                    limited.append(holder)
                 todo.append(piece)
         used = list(dict.fromkeys(used))
         if todo:  # holders ran out before the bytes did
-            return Fetched(None, used)
+            return Fetched(None, used, limited=limited)
         final.set()
         asm.progress.set()
         ok = await hasher == rec.sha256
-        return Fetched(asm.buf if ok else None, used, bad_hashes=int(not ok))
+        return Fetched(asm.buf if ok else None, used, bad_hashes=int(not ok), limited=limited)
     finally:
         for task in [*active, hasher]:
             task.cancel()

@@ -173,7 +173,9 @@ def render(snap: dict):
     v = snap["policy_version"]
     table = Table(title=f"run {snap['run_id']!r}: policy version {v if v is not None else '-'}", box=box.SIMPLE_HEAD,
                   padding=(0, 1, 0, 0), pad_edge=False)
-    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", "stale", "seen"):
+    stale = any(r.get("stale") for r in snap["peers"])  # a column only when a sampler wasted groups as stale
+    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", *["stale"] * stale,
+                "seen"):
         left = col in ("role", "peer")  # never cut: a narrow terminal shrinks the numbers instead
         table.add_column(col, justify="left" if left else "right", no_wrap=left,
                          min_width=11 if col == "peer" else None)
@@ -182,7 +184,7 @@ def render(snap: dict):
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
                       _num(r["reward"], ".3f") if learner else "", _num(r["acc"], ".3f") if learner else "",
                       f"{r['throughput']:.2f}", str(r["queue_depth"]), str(r["banned"]) if learner else "",
-                      "" if learner else str(r.get("stale") or 0), f"{r['last_seen_s']:.0f}s")
+                      *["" if learner else str(r.get("stale") or 0)] * stale, f"{r['last_seen_s']:.0f}s")
     parts = [table if snap["peers"] else f"no live peers in run {snap['run_id']!r}"]
     if snap.get("stale"):  # work wasted: made, then too old to train (rejected stale or dropped from a queue)
         parts.append(f"stale waste: {snap['stale']} groups made by samplers were rejected or dropped as stale")

@@ -54,7 +54,7 @@ from p2prl.trust.authority import RunRecord, Trust, refuse_unchecked_authority
 from p2prl.net.dht import PeerRecord, PolicyRecord, new_record
 from p2prl.net.fetch import fetch_weights
 from p2prl.trust.limits import PeerLimits
-from p2prl.net.node import Refused, SwarmNode, wait_until
+from p2prl.net.node import SwarmNode, wait_until
 from p2prl.net.protocol import WeightStore, weights_handler
 from p2prl.trust.runconfig import SAMPLER_SECTIONS, RunConfigMismatch, RunIdHint, differences, run_config
 from p2prl.trust.runconfig import check as check_run_config
@@ -144,11 +144,11 @@ class Sampler:
         parallel = min(self.cfg.flow.fetch_parallel, max(1, len(others)))
         try:
             got = fetch_weights(self.node, others + [publisher], rec, parallel)
-        except Exception as e:  # timed out, refused, or the node is stopping: the next pass tries again
-            if isinstance(e, Refused) and e.reason == "limited":  # over its limit all the same: a slower pace
-                self.pacer.refused(publisher, time.monotonic())
+        except Exception as e:  # timed out, or the node is stopping: the next pass tries again
             log.debug("weights v%d: %s", rec.version, type(e).__name__)
             return None
+        if publisher in got.limited:  # over its limit all the same: a slower pace to it for a while
+            self.pacer.refused(publisher, time.monotonic())
         if got.bad_hashes:
             with self.lock:
                 self.counts["weights/bad_hash"] += got.bad_hashes

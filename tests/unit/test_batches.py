@@ -454,7 +454,7 @@ def test_the_version_a_far_learner_names_is_fetched_from_it_without_look_ups(mon
     s.node.records.latest_policy = lambda: calls.append("latest") or ("L2", rec)
     s.node.records.holders = lambda r: calls.append("holders") or ["S2"]
     monkeypatch.setattr("p2prl.sampler.loop.fetch_weights", lambda node, holders, r, parallel: fetched_from.append(
-        list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1]))
+        list(holders)) or SimpleNamespace(blob=bytearray(b"w"), bad_hashes=0, holders=holders[:1], limited=[]))
     s.link.rtts["L1"] = 1.5  # far
     assert s.fetch_latest(("L1", rec))[:2] == ("L1", rec)
     assert calls == [] and fetched_from == [["L1"]]

@@ -127,6 +127,7 @@ def test_a_forgotten_sampler_frees_what_it_owes_and_an_admitted_group_past_the_w
     assert not b.will_age_out(3, 10, waiting=4)
     assert b.will_age_out(3, 10, waiting=8)  # behind 8: trained at v12, lag 9
     assert b.will_age_out(1, 10, waiting=0)
+    assert not b.will_age_out(3, 10, waiting=8, share=8) and b.will_age_out(3, 10, waiting=16, share=8)
 
 
 # ---- the learner's ``lease`` handler (p2prl/learner/intake.py) over its state -------------------------------

@@ -52,6 +52,12 @@ def test_learner_metrics_read_its_counters():
     rounds = {tuple(v for _, v in k): n for k, n in m["p2prl_rounds_total"].items()}
     assert rounds == {("no_round", ""): 4, ("bad_member", "non_finite"): 1}
     assert m["p2prl_state_sync_total"] == {(("outcome", "loaded"), ("reason", "")): 1}
+    assert m.get("p2prl_leases_total", {}) == {} and one("p2prl_lease_owed") == 0
+    leased = scrape(lambda: families(learner_report(counts={"lease/granted": 3, "lease/refused/banned": 1,
+                                                             "lease/owed": 5})))
+    assert leased["p2prl_leases_total"] == {(("outcome", "granted"), ("reason", "")): 3,
+                                            (("outcome", "refused"), ("reason", "banned")): 1}
+    assert next(iter(leased["p2prl_lease_owed"].values())) == 5
     assert one("p2prl_weights_served_bytes_total") == 123456 and one("p2prl_records_received_bytes_total") == 5000
     assert one("p2prl_banned_peers") == 1 and one("p2prl_dht_errors_total") == 2
     trust = {dict(k)["event"]: v for k, v in m["p2prl_trust_events_total"].items()}

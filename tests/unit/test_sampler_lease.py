@@ -95,8 +95,8 @@ class FakeNode:
         return self.reply
 
 
-def learner(peer: str, protocol: int | None = None) -> PeerRecord:
-    rec = new_record("learner", "test", peer, policy_version=5, throughput=1.0, queue_depth=0)
+def learner(peer: str, protocol: int | None = None, queue: int = 0) -> PeerRecord:
+    rec = new_record("learner", "test", peer, policy_version=5, throughput=1.0, queue_depth=queue)
     return rec if protocol is None else rec.model_copy(update={"protocol": protocol})
 
 
@@ -134,10 +134,10 @@ def test_a_lease_of_a_learner_gone_is_dropped_and_asked_of_another():
 
 
 def test_a_learner_with_no_work_sends_the_sampler_to_another_at_once():
-    lnk, node, _ = link(None, [learner("L1"), learner("L2")])
+    lnk, node, _ = link(None, [learner("L1"), learner("L2", queue=10)])  # L1 looks the better: asked first
     replies = {"L1": LeaseReply(0, 0, 9, 0.0, 5.0, 5, 8), "L2": LeaseReply(4, 3, 12, 20.0, 1.0, 5, 0)}
     node.call = lambda peer, name, req, *a, **k: node.calls.append(peer) or replies[peer]
-    assert lnk.work(version=5, newest=5) == 1 and lnk.lease.learner == "L2" and sorted(node.calls) == ["L1", "L2"]
+    assert lnk.work(version=5, newest=5) == 1 and lnk.lease.learner == "L2" and node.calls == ["L1", "L2"]
     replies["L2"] = replies["L1"]
     lnk.lease.held = None
     assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle  # neither has work: wait for the sooner of the two
