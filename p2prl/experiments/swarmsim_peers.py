@@ -108,7 +108,7 @@ class SimLearner:
     def admit(self, g: RolloutGroup) -> tuple[str, str]:
         try:
             self.state.check(g, self.version)
-            if self.w.mode == "lease" and self.state.will_age_out(g, self.version):
+            if self.w.mode == "lease" and self.state.will_age_out(g, self.version, self.share):
                 self.state.count("would_age_out")
                 raise RecordError("stale", "would age out")
             self.state.admit(g, self.version)  # pays a group back of its sampler's lease
