@@ -140,10 +140,15 @@ class LearnerState:
             return self._leases.counts[f"refused/{reason}"]
 
     def will_age_out(self, g: RolloutGroup, version: int, share: int) -> bool:
-        """Whether ``g``, admitted now behind the groups waiting, would age out of the window before it is trained at
-        ``share`` groups a step (``LeaseBook.will_age_out``)."""
+        """Whether ``g``, admitted now behind the groups the admission rule takes before it (``AdmissionBuffer.ahead``:
+        in arrival order all those waiting; newest first, the waiting ones of its version or newer and what leases
+        still owe others, which arrive fresher), would age out of the window before it is trained at ``share`` groups
+        a step (``LeaseBook.will_age_out``)."""
         with self._changed:
-            return self._leases.will_age_out(g.policy_version, version, len(self._ledger.buffer), share)
+            book = self._leases
+            incoming = book.owed() - min(1, book.owed(g.sampler))  # g itself pays one group of its sampler's lease
+            ahead = self._ledger.buffer.ahead(g.policy_version, incoming)
+            return book.will_age_out(g.policy_version, version, ahead, share)
 
     def reject(self, reason: str, banned: str | None = None) -> int:
         """Count a rejected record; ``banned``: its sampler, banned by it, whose waiting groups are dropped. How many

@@ -53,6 +53,9 @@ class AdmissionRule:
     """An admission buffer's window and pick; one instance per buffer (a rule may keep state)."""
 
     name: ClassVar[str]
+    # the order it takes waiting groups in while new data keeps arriving: True, newest version first (a group waits
+    # behind the waiting groups of its version or newer); False, in arrival order (behind every waiting group)
+    newest_first: ClassVar[bool] = False
 
     @staticmethod
     def trained_lag(max_staleness: int) -> int:
@@ -84,6 +87,7 @@ class PaperRule(AdmissionRule):
     the last pick, else the oldest in the window."""
 
     name = "paper"
+    newest_first = True
 
     def floor(self, learner_version: int, max_staleness: int) -> int | None:
         return learner_version - max_staleness
@@ -164,6 +168,14 @@ class AdmissionBuffer:
 
     def __len__(self) -> int:
         return len(self.pending) + len(self.first)
+
+    def ahead(self, version: int, incoming: int = 0) -> int:
+        """Groups the rule takes before a group of ``version`` admitted now: in arrival order, every group waiting;
+        ``newest_first``, the requeued, the waiting ones of its version or newer and the ``incoming`` groups still to
+        arrive (fresh work, which jumps ahead of it). One pass over the queue (bounded by the queue's bound)."""
+        if not self.rule.newest_first:
+            return len(self)
+        return len(self.first) + sum(1 for g in self.pending if g.policy_version >= version) + incoming
 
     def waiting_of(self, sampler: str) -> int:
         """Groups of ``sampler`` waiting here (``pending`` and ``first``)."""

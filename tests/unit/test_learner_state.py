@@ -88,3 +88,26 @@ def test_senders_are_forgotten_once_quiet_and_waiting_groups_counted_by_sampler(
     admit(state, "s/a")
     assert state.waiting("s") == (1, 1) and state.waiting("t") == (0, 1)
     assert state.samplers_seen() == {"s", "t", "u"}
+
+
+@pytest.mark.parametrize("rule", ["paper", "authors"])
+def test_the_age_out_estimate_follows_the_order_the_admission_rule_trains_in(tmp_path, rule):
+    ledger = GroupLedger(2, 4, OwnGroupFiles(tmp_path / "own_groups", Limits()), rule=rule)
+    for v in range(4):
+        ledger.publish(v, SHA[v])
+    state = LearnerState(ledger)
+    window = 2 if rule == "paper" else 4  # the most versions a trained group lags (``trained_lag``)
+    admit(state, "a/1", 1, at=2)
+    admit(state, "a/2", 1, at=2)
+    old, new = group("c/1", 1), group("c/2", 2)
+    # at v2, 2 groups a step: behind the two v1 groups an old v1 group is trained next step, at lag 2
+    assert not state.will_age_out(old, 2, share=2)
+    # another sampler is leased 4 groups: fresh work, which the paper's rule (newest first) trains before an old
+    # group, and the authors' (arrival order) after it
+    lease, _ = state.lease("b", 4, 0.0, 2, 2, (2, 3.0, 64), time.monotonic())  # a target of 6: 4 free
+    assert lease.groups == 4 and state.owed("b") == 4
+    assert state.will_age_out(old, 2, share=2) == (rule == "paper")  # behind 6: 3 steps, lag 4 > 2
+    # a v2 group waits behind what is leased, not behind the older v1 groups: trained in 2 steps, lag 1
+    assert not state.will_age_out(new, 2, share=2)
+    assert state.will_age_out(old, 2 + window, share=2)  # and with the learner that far on, any old group does
+    assert window == ledger.buffer.rule.trained_lag(2)
