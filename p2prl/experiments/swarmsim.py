@@ -70,10 +70,10 @@ import time
 from collections import Counter, deque
 from dataclasses import dataclass
 
-from p2prl.experiments.swarmsim_base import (DHT_HOP_BYTES, DHT_REPLICAS, HOLDER_SHARDS, HOLDERS_WANTED,
-                                             LEARNER_SLOTS, PEER_SHARDS, RECORD_WIRE_BYTES, Clock, Profile,
-                                             loopback_profile, paper_profile)
+from p2prl.experiments.swarmsim_base import (DHT_HOP_BYTES, DHT_REPLICAS, HOLDERS_WANTED, LEARNER_SLOTS,
+                                             RECORD_WIRE_BYTES, Clock, Profile, loopback_profile, paper_profile)
 from p2prl.experiments.swarmsim_peers import SimLearner, SimSampler, sha
+from p2prl.net.dht import HOLDER_SHARDS, PEER_SHARDS
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ LEARNER_SLOTS = 4  # weight uploads a learner serves at once (max_uploads_per_ve
 RECORD_WIRE_BYTES = 1024  # a DHT record on the wire
 DHT_REPLICAS = 5
 DHT_HOP_BYTES = 200
-PEER_SHARDS, HOLDER_SHARDS = 32, 8  # the sharded layout (lease mode)
 HOLDERS_WANTED = 4  # holder records a sampler reads per version it fetches (sharded layout)
 
 
@@ -59,7 +58,9 @@ class Profile:
     heartbeat_s: float = 5.0
     control_s: float = 3e-4
     control_per_sender_s: float = 4e-6
-    round_bytes_per_param: dict = field(default_factory=lambda: {"push": 8.0, "lease": 4.0})
+    # a gradient round's wire size against ``averaging.wire_bytes`` (float32, what rounds send now): "push" is the
+    # deployment before the lease protocol, whose rounds sent float64 fixed point (that encoder is gone: twice)
+    round_wire_scale: dict = field(default_factory=lambda: {"push": 2.0, "lease": 1.0})
     round_timeout_s: float = 30.0
 
     def tokens_per_group(self) -> float:
@@ -80,8 +81,10 @@ class Profile:
         """Seconds of a gradient round's all-reduce among ``learners`` (ring: 2 (L-1)/L of the payload each way)."""
         if learners <= 1:
             return 0.0
-        payload = self.trainable[weights] * self.round_bytes_per_param[mode]
-        wire = 2 * (learners - 1) / learners * payload * 8 / (self.learner_link_mbps * 1e6)
+        from p2prl.net.averaging import wire_bytes  # imports torch: only when a round is modelled
+
+        sent = wire_bytes(int(self.trainable[weights]), learners) * self.round_wire_scale[mode]
+        wire = sent * 8 / (self.learner_link_mbps * 1e6)
         return wire + 2 * (learners - 1) * self.learner_rtt_s
 
 
