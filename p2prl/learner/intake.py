@@ -341,7 +341,7 @@ class RolloutIntake:
             return LeaseReply(0, 0, version, 0.0, MAX_LEASE_RETRY_S, version, self.state.depth(), policy, run_record)
         lease, waiting = self.state.lease(peer, req.want, req.rate, req.version, version,
                                           (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue), now)
-        return LeaseReply(lease.lease_id, lease.groups, lease.until_version, max(0.0, lease.expires_at - now),
+        return LeaseReply(lease.lease_id, lease.groups, lease.until_version, lease.life_s,
                           lease.retry_s, version, waiting, policy, run_record)
 
     def bad_lease(self, peer: str, e: MessageError) -> None:

@@ -4,8 +4,11 @@ A state machine without threads, network or clock (callers pass ``now`` and the 
 sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 
 * demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
-  at least one share: the ``rollouts`` queue bound); what it hands out is that target less what waits and less what
-  live leases still owe (``owed``);
+  at least one share: the ``rollouts`` queue bound) and, once its pace is known and while less than a step waits,
+  leases ahead what it trains while a lease is being made (``lead``: the asking sampler's time to make its part at
+  its reported rate, in the learner's steps, times ``share``; at most ``window - queue_lag`` steps, so the window
+  still bounds staleness): groups still being generated no longer leave it dry when generation takes about as long
+  as its steps. What it hands out is that ``demand`` less what waits and less what live leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
@@ -15,9 +18,12 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
   within ``min_life_s`` .. ``max_life_s``) or once the learner's version passes ``until_version`` (the groups it
   covers would then be trained past the staleness window): what it still owes is freed for others and the unfilled
   share counts against its sampler's fill ratio (``expire``);
-* no demand: ``groups == 0`` and ``retry_s`` says when to ask again, about one step (when the learner expects room),
-  stretched by how many samplers ask for each group of the target (so N idle samplers ask about ``target`` times a
-  step in all), within ``min_retry_s`` .. ``max_retry_s``.
+* no demand: ``groups == 0`` and ``retry_s`` says when to ask again: a step (when the learner expects room) times
+  how many samplers ask for each group of the target (so N idle samplers ask about ``target`` times a step in all),
+  at least ``min_retry_s``, at most ``max_retry_s`` or, with more samplers asking, as long as keeps
+  their idle requests at ``IDLE_REQUESTS_PER_S`` a second in all, never past ``RETRY_CEIL_S``;
+* a sampler whose version is too old for any of its groups to be trained is told to come back in about one of the
+  learner's steps (when a newer version can be in its hands), within ``min_retry_s`` .. ``max_retry_s``.
 
 Every counter is kept incrementally (``owed`` in all and per sampler, ``counts``); ``expire`` walks the open
 accounts, of which there are at most ``target`` (each owes at least one group). Tested event by event in
@@ -36,6 +42,8 @@ MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there
 FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
 MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
+IDLE_REQUESTS_PER_S = 50.0  # idle ``lease`` requests a learner invites a second at most, whatever the number asking
+RETRY_CEIL_S = 600.0  # the longest retry a learner sets (up to 30,000 samplers asking keep within IDLE_REQUESTS_PER_S)
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class Lease:
     until_version: int
     expires_at: float
     retry_s: float
+    life_s: float = 0.0  # ``expires_at`` less the time of the grant (exact: not recomputed from two clock readings)
 
 
 @dataclass
@@ -105,9 +114,29 @@ class LeaseBook:
         """Groups the learner lacks: its target less what waits and what leases owe."""
         return max(0, self.target - waiting - self._owed)
 
-    def fair_part(self) -> int:
-        """What one sampler may owe at most: an equal part of the target among the samplers that asked lately."""
-        return max(1, math.ceil(self.target / max(1, len(self.askers))))
+    def total(self, rate: float = 0.0) -> int:
+        """Groups the learner wants waiting or owed, for an asker at ``rate``: its target and what it trains while
+        the asker makes an equal part of the target (``lead``)."""
+        return self.target + self.lead(math.ceil(self.target / max(1, len(self.askers))), rate)
+
+    def fair_part(self, rate: float = 0.0) -> int:
+        """What one sampler may owe at most: an equal part of the ``total`` among the samplers that asked lately."""
+        return max(1, math.ceil(self.total(rate) / max(1, len(self.askers))))
+
+    def lead(self, groups: int, rate: float) -> int:
+        """Groups the learner trains while a sampler makes ``groups`` at ``rate`` groups a second (0 while the
+        learner's pace or the rate is unknown), at most ``window - queue_lag`` steps' worth."""
+        if not self.step_s or rate <= 0:
+            return 0
+        steps = min(groups / rate / self.step_s, max(0, self.window - self.queue_lag))
+        return math.ceil(steps * self.share)
+
+    def demand(self, waiting: int, rate: float = 0.0) -> int:
+        """Groups the learner lacks for an asker at ``rate``: while less than a step waits (the learner is about to
+        run dry), its ``total``, else its ``target`` (a deeper queue would only age: a newest-first rule leaves its
+        oldest groups behind), less what waits and what leases owe."""
+        want = self.total(rate) if waiting < self.share else self.target
+        return max(0, want - waiting - self._owed)
 
     # ---- events ---------------------------------------------------------------------------------------
     def grant(self, sampler: str, want: int, rate: float, version: int, waiting: int, now: float,
@@ -119,22 +148,23 @@ class LeaseBook:
         self.expire(version, now)
         self.askers[sampler] = now
         self.askers.move_to_end(sampler)
-        while self.askers and (next(iter(self.askers.values())) < now - self.ask_window_s
-                               or len(self.askers) > MAX_ASKERS):
+        # an idle sampler asks again within its retry: remembered at least that long, or the crowd would seem smaller
+        remember = max(self.ask_window_s, 2 * self.retry_cap())
+        while self.askers and (next(iter(self.askers.values())) < now - remember or len(self.askers) > MAX_ASKERS):
             self.askers.popitem(last=False)
         held = version if held is None else min(held, version)
         until = held + self.window - self.queue_lag
         if until < version:  # its version is too old for any group of it to be trained: fetch a newer one first
             self.counts["refused/behind"] += 1
-            return Lease(0, 0, until, now, self.min_retry_s)
+            return Lease(0, 0, until, now, self.behind_retry_s())
         acc = self.accounts.get(sampler)
         own = acc.owed if acc else 0
-        part = max(1, math.floor(self.fair_part() * self.fill_ratio(sampler)))
-        groups = max(0, min(want, part - own, self.free(waiting)))
+        part = max(1, math.floor(self.fair_part(rate) * self.fill_ratio(sampler)))
+        groups = max(0, min(want, part - own, self.demand(waiting, rate)))
         if groups == 0:
             self.counts["empty"] += 1
             return Lease(acc.lease_id if acc else 0, 0, acc.until_version if acc else until,
-                         acc.expires_at if acc else now, self.retry_s())
+                         acc.expires_at if acc else now, self.retry_s(), max(0.0, acc.expires_at - now) if acc else 0.0)
         life = self.life(own + groups, rate)
         if acc is None:
             acc = self.accounts[sampler] = Account(self._next_id, 0, until, now + life)
@@ -143,7 +173,7 @@ class LeaseBook:
         acc.until_version, acc.expires_at = until, now + life
         self.counts["granted"] += 1
         self.counts["granted_groups"] += groups
-        return Lease(acc.lease_id, groups, until, acc.expires_at, self.retry_s())
+        return Lease(acc.lease_id, groups, until, acc.expires_at, self.retry_s(), life)
 
     def delivered(self, sampler: str, n: int, now: float) -> int:
         """``n`` groups of ``sampler`` admitted: paid back from its lease; how many were (the rest came without a
@@ -194,16 +224,27 @@ class LeaseBook:
         return min(max(life, self.min_life_s), self.max_life_s)
 
     def retry_s(self) -> float:
-        """When a sampler should ask again: about one of the learner's steps (room frees as it trains a share),
-        times how many samplers ask for each group of the target, bounded."""
+        """When a sampler should ask again: one of the learner's steps (room frees as it trains a share) times how
+        many samplers ask for each group of the target (so they ask about ``target`` times a step in all), bounded."""
         step = self.step_s if self.step_s is not None else 1.0
-        crowd = max(1.0, len(self.askers) / self.target)
-        return min(max(step * crowd, self.min_retry_s), self.max_retry_s)
+        crowd = len(self.askers) / self.target  # fewer askers than groups a step: sooner (room frees a group at once)
+        return min(max(step * crowd, self.min_retry_s), self.retry_cap())
+
+    def retry_cap(self) -> float:
+        """The longest retry now: ``max_retry_s``, or with more samplers asking the retry at which they ask
+        ``IDLE_REQUESTS_PER_S`` times a second in all, at most ``RETRY_CEIL_S``."""
+        return min(max(self.max_retry_s, len(self.askers) / IDLE_REQUESTS_PER_S), max(RETRY_CEIL_S, self.max_retry_s))
+
+    def behind_retry_s(self) -> float:
+        """When a sampler whose version is too old should ask again: about one of the learner's steps (a newer
+        version is then out; its sync fetches it meanwhile), bounded."""
+        step = self.step_s if self.step_s is not None else 1.0
+        return min(max(step, self.min_retry_s), self.max_retry_s)
 
     def will_age_out(self, group_version: int, version: int, waiting: int, share: int | None = None) -> bool:
-        """Whether a group of ``group_version``, admitted now behind ``waiting`` groups, would wait past the window
-        (it is trained about ``waiting // share`` steps from now, when the learner is that much further on; ``share``:
-        the groups a step takes, by default the book's)."""
+        """Whether a group of ``group_version``, admitted now behind ``waiting`` groups (those the admission rule
+        takes before it), would wait past the window (it is trained about ``waiting // share`` steps from now, when
+        the learner is that much further on; ``share``: the groups a step takes, by default the book's)."""
         return version + waiting // max(1, share or self.share) - group_version > self.window
 
     # ---- inside -----------------------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The learner's leases, event by event: the pure book (p2prl/learner/leases.py) without threads, network or clock."""
 
-from p2prl.learner.leases import LeaseBook, MIN_FILL
+from p2prl.learner.leases import IDLE_REQUESTS_PER_S, MIN_FILL, RETRY_CEIL_S, LeaseBook
 
 
 def book(share: int = 4, window: int = 8, **kw) -> LeaseBook:
@@ -45,9 +45,21 @@ def test_a_lease_ends_when_the_learners_version_passes_its_until_version():
 def test_a_sampler_holding_an_old_version_is_told_to_fetch_a_newer_one_first():
     b = book(window=4)
     lease = b.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=6)
-    assert lease.groups == 0 and lease.until_version == 9 and lease.retry_s == 0.2
+    assert lease.groups == 0 and lease.until_version == 9 and lease.retry_s == 1.0  # a step (pace unknown: 1 s)
     assert b.counts["refused/behind"] == 1 and b.owed() == 0
     assert b.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=7).groups == 2
+
+
+def test_a_sampler_behind_is_told_to_come_back_in_one_of_the_learners_steps_bounded():
+    b = book(window=4)
+    for v in range(10, 14):  # a step every 5 s
+        b.grant("S0", want=0, rate=1.0, version=v, waiting=0, now=5.0 * (v - 10))
+    assert b.grant("S1", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=6).retry_s == 5.0  # not 0.2 s
+    b.step_s = 0.01  # a fast learner: the shortest retry
+    assert b.grant("S1", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=6).retry_s == 0.2
+    b.step_s = 100.0  # a slow one: the longest
+    assert b.grant("S1", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=6).retry_s == 30.0
+    assert b.counts["refused/behind"] == 3
 
 
 def test_a_sampler_that_never_delivers_loses_its_share_to_another():
@@ -85,13 +97,53 @@ def test_no_demand_means_no_groups_and_a_retry_from_the_learners_pace():
     for v in range(5):  # a step every 2 s
         b.grant("S1", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
     assert abs(b.step_s - 2.0) < 1e-9
-    lease = b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=8.5)  # the queue is full
-    assert lease.groups == 0 and lease.retry_s == 2.0 and b.counts["empty"] >= 1
+    lease = b.grant("S1", want=4, rate=0.0, version=4, waiting=8, now=8.5)  # the queue is full
+    assert lease.groups == 0 and lease.retry_s == 2.0 / 8 and b.counts["empty"] >= 1  # alone: a step / target
     for i in range(32):  # 33 samplers ask for a target of 8: each asks about 33 / 8 steps apart
-        b.grant(f"X{i}", want=4, rate=1.0, version=4, waiting=8, now=9.0)
-    assert b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=9.0).retry_s == 2.0 * 33 / 8
+        b.grant(f"X{i}", want=4, rate=0.0, version=4, waiting=8, now=9.0)
+    assert b.grant("S1", want=4, rate=0.0, version=4, waiting=8, now=9.0).retry_s == 2.0 * 33 / 8
     b.max_retry_s = 5.0
-    assert b.grant("S1", want=4, rate=1.0, version=4, waiting=8, now=9.0).retry_s == 5.0  # bounded
+    assert b.grant("S1", want=4, rate=0.0, version=4, waiting=8, now=9.0).retry_s == 5.0  # bounded
+
+
+def test_idle_requests_stay_bounded_per_learner_whatever_the_number_of_samplers():
+    b = book()
+    for v in range(3):  # a step every 2 s; the queue full, nobody gets work
+        b.grant("S0", want=0, rate=0.0, version=v, waiting=64, now=2.0 * v)
+    for n in (100, 1_000, 10_000, 20_000):
+        for i in range(len(b.askers), n):
+            b.grant(f"X{i}", want=4, rate=0.0, version=2, waiting=64, now=4.0)
+        assert len(b.askers) == n
+        retry = b.grant("S0", want=4, rate=0.0, version=2, waiting=64, now=4.0).retry_s
+        # below 30 s: about target requests a step; above, at most IDLE_REQUESTS_PER_S a second in all
+        assert retry == min(max(2.0 * n / 8, 0.2), max(30.0, n / IDLE_REQUESTS_PER_S), RETRY_CEIL_S)
+        assert n / retry <= max(8 / 2.0, IDLE_REQUESTS_PER_S)
+    assert retry == 20_000 / IDLE_REQUESTS_PER_S == 400.0
+    # samplers told to wait 400 s still count among those asking after the minute of ``ask_window_s``
+    b.grant("S0", want=4, rate=0.0, version=2, waiting=64, now=4.0 + 300.0)
+    assert len(b.askers) == 20_000
+    b.grant("S0", want=4, rate=0.0, version=2, waiting=64, now=4.0 + 2 * 400.0 + 1)  # then they are forgotten
+    assert len(b.askers) == 1
+
+
+def test_demand_covers_what_the_learner_trains_while_a_lease_is_being_made():
+    b = book(share=4, window=8)  # target 8; queue lag one step: leases until version + 7
+    assert b.grant("S1", want=64, rate=1.0, version=0, waiting=0, now=0.0).groups == 8  # pace unknown: the target
+    b.delivered("S1", 8, now=1.0)
+    for v in range(1, 4):  # a step every 2 s
+        b.grant("S0", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
+    b.forget("S0")
+    # alone at 1 group a second, S1 makes the target's 8 groups in 4 steps, while the learner trains 16: with less
+    # than a step waiting it is leased the target and those 16, less what waits
+    assert b.lead(8, 1.0) == 16 and b.total(1.0) == 24 and b.demand(waiting=3, rate=1.0) == 21
+    assert b.demand(waiting=4, rate=1.0) == 4  # a step waits: the target only (a deeper queue would only age)
+    assert b.grant("S1", want=64, rate=1.0, version=3, waiting=3, now=6.0).groups == 21
+    assert b.owed() == 21 and b.demand(waiting=3, rate=1.0) == 0
+    # a slow sampler's lead stops at the window: never more than window - queue lag steps ahead
+    assert b.lead(8, 0.01) == (8 - 1) * 4
+    assert b.lead(8, 0.0) == 0  # its rate unknown: none
+    b.step_s = None
+    assert b.lead(8, 1.0) == 0  # the learner's pace unknown: none
 
 
 def test_the_target_is_shared_fairly_among_the_samplers_asking():
@@ -143,7 +195,7 @@ def learner_intake(tmp_path, caplog=None):
 
     cfg = load_config(None, ["train.groups_per_step=4", "staleness.max_staleness=4", "trust.ban_threshold=2"])
     ledger = GroupLedger(4, 8, OwnGroupFiles(tmp_path / "own", Limits()))
-    rep = Reputation(cfg.trust)
+    rep = Reputation(cfg.trust, clock=lambda: 1_000.0)  # bans and their window on a fixed clock, not the wall's
     it = RolloutIntake(cfg.flow, 4, Limits(), LearnerState(ledger), verifier=None, spot=None, reputation=rep,
                        version=lambda: 6, latest=lambda: None, learners=lambda: 1)
     return it, rep, lambda req: asyncio.run(it.on_lease("12D3KooWsampler", req))
@@ -157,7 +209,7 @@ def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_susp
     it, rep, ask = learner_intake(tmp_path)
     reply = ask(LeaseRequest(want=16, rate=2.0, version=6))
     assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 4 - 1, 6, 0)
-    assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1
+    assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1  # exact: not now + life - now on the clock
     assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
     import time
 
