@@ -6,14 +6,18 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 * demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
   at least one share: the ``rollouts`` queue bound) and, once its pace is known and while less than a step waits,
   leases ahead what it trains while a lease is being made (``lead``: the asking sampler's time to make its part at
-  its reported rate, in the learner's steps, times ``share``; at most ``window - queue_lag`` steps, so the window
-  still bounds staleness): groups still being generated no longer leave it dry when generation takes about as long
+  its reported rate, in the learner's steps, times ``share``; at most ``room`` steps, so the window still bounds
+  staleness): groups still being generated no longer leave it dry when generation takes about as long
   as its steps. What it hands out is that ``demand`` less what waits and less what live leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
 * one account per sampler: a grant adds to what it owes and renews its bounds (``until_version``, ``expires_at``); a
   group admitted from it pays one group back (``delivered``); an account paid in full closes (filled);
+* a lease's groups may arrive ``room`` versions behind the learner (``until_version = held + room``): the window
+  less the steps a group waits in the full queue (``queue_lag``), under a newest-first admission rule only a share of
+  it (``ROOM_NEWEST``, rounded up: an older group also waits behind the fresher ones, which would otherwise age it
+  out in the queue);
 * a lease ends at ``expires_at`` (sized from the sampler's reported rate so that it is filled well inside its life,
   within ``min_life_s`` .. ``max_life_s``) or once the learner's version passes ``until_version`` (the groups it
   covers would then be trained past the staleness window): what it still owes is freed for others and the unfilled
@@ -44,6 +48,7 @@ MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent fo
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
 IDLE_REQUESTS_PER_S = 50.0  # idle ``lease`` requests a learner invites a second at most, whatever the number asking
 RETRY_CEIL_S = 600.0  # the longest retry a learner sets (up to 30,000 samplers asking keep within IDLE_REQUESTS_PER_S)
+ROOM_NEWEST = 0.6  # share of the room a lease spans under a newest-first rule (simulated: 0.5 starves few samplers)
 
 
 @dataclass(frozen=True)
@@ -75,11 +80,14 @@ class Account:
 class LeaseBook:
     def __init__(self, share: int, window: int, queue_steps: float = 2.0, max_queue: int = 64,
                  min_life_s: float = 2.0, max_life_s: float = 120.0, min_retry_s: float = 0.2,
-                 max_retry_s: float = 30.0, ask_window_s: float = 60.0):
+                 max_retry_s: float = 30.0, ask_window_s: float = 60.0, newest_first: bool = False):
         """``share``: groups this learner takes a step; ``window``: the staleness window (versions); ``queue_steps``,
         ``max_queue``: the queue's bound (``flow``); the rest bound a lease's life, the back-off and how long a
-        sampler that asked counts among those sharing the target."""
-        self.window = max(0, window)
+        sampler that asked counts among those sharing the target; ``newest_first``: the admission rule trains the
+        newest versions first (``AdmissionRule.newest_first``), so a group of an older version waits behind fresher
+        ones: a lease then spans ``ROOM_NEWEST`` of the lag a group may arrive with (``room``), the rest left for that
+        wait."""
+        self.window, self.newest_first = max(0, window), newest_first
         self.resize(share, queue_steps, max_queue)
         self.min_life_s, self.max_life_s = min_life_s, max(min_life_s, max_life_s)
         self.min_retry_s, self.max_retry_s = min_retry_s, max(min_retry_s, max_retry_s)
@@ -98,6 +106,8 @@ class LeaseBook:
         self.share, self.queue_steps, self.max_queue = max(1, share), queue_steps, max_queue
         self.target = max(self.share, min(max_queue, math.ceil(queue_steps * self.share)))
         self.queue_lag = min(self.window, max(0, math.ceil(self.target / self.share) - 1))
+        room = self.window - self.queue_lag  # the most versions a group may lag as it arrives
+        self.room = math.ceil(room * ROOM_NEWEST) if self.newest_first else room
 
     # ---- reads (O(1)) ----------------------------------------------------------------------------------
     def owed(self, sampler: str | None = None) -> int:
@@ -125,10 +135,10 @@ class LeaseBook:
 
     def lead(self, groups: int, rate: float) -> int:
         """Groups the learner trains while a sampler makes ``groups`` at ``rate`` groups a second (0 while the
-        learner's pace or the rate is unknown), at most ``window - queue_lag`` steps' worth."""
+        learner's pace or the rate is unknown), at most ``room`` steps' worth."""
         if not self.step_s or rate <= 0:
             return 0
-        steps = min(groups / rate / self.step_s, max(0, self.window - self.queue_lag))
+        steps = min(groups / rate / self.step_s, self.room)
         return math.ceil(steps * self.share)
 
     def demand(self, waiting: int, rate: float = 0.0) -> int:
@@ -153,7 +163,7 @@ class LeaseBook:
         while self.askers and (next(iter(self.askers.values())) < now - remember or len(self.askers) > MAX_ASKERS):
             self.askers.popitem(last=False)
         held = version if held is None else min(held, version)
-        until = held + self.window - self.queue_lag
+        until = held + self.room
         if until < version:  # its version is too old for any group of it to be trained: fetch a newer one first
             self.counts["refused/behind"] += 1
             return Lease(0, 0, until, now, self.behind_retry_s())

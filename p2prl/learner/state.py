@@ -37,7 +37,8 @@ class LearnerState:
         # (the most versions the admission rule lets a trained group lag)
         buffer = ledger.buffer
         rule = getattr(buffer, "rule", None)
-        self._leases = LeaseBook(1, rule.trained_lag(buffer.max_staleness) if rule is not None else 0)
+        self._leases = LeaseBook(1, rule.trained_lag(buffer.max_staleness) if rule is not None else 0,
+                                 newest_first=rule is not None and rule.newest_first)
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -147,7 +148,8 @@ class LearnerState:
         with self._changed:
             book = self._leases
             incoming = book.owed() - min(1, book.owed(g.sampler))  # g itself pays one group of its sampler's lease
-            ahead = self._ledger.buffer.ahead(g.policy_version, incoming)
+            buffer = self._ledger.buffer
+            ahead = buffer.ahead(g.policy_version, incoming) if hasattr(buffer, "ahead") else len(buffer)
             return book.will_age_out(g.policy_version, version, ahead, share)
 
     def reject(self, reason: str, banned: str | None = None) -> int:

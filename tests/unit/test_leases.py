@@ -50,6 +50,16 @@ def test_a_sampler_holding_an_old_version_is_told_to_fetch_a_newer_one_first():
     assert b.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=7).groups == 2
 
 
+def test_under_a_newest_first_rule_a_lease_spans_a_share_of_the_room_the_window_leaves():
+    fifo, newest = book(window=8), book(window=8, newest_first=True)
+    assert fifo.queue_lag == newest.queue_lag == 1 and (fifo.room, newest.room) == (7, 5)  # 7 x 0.6, rounded up
+    assert newest.grant("S1", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=9).until_version == 14
+    assert newest.grant("S2", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=4).groups == 0  # behind
+    assert fifo.grant("S2", want=2, rate=1.0, version=10, waiting=0, now=0.0, held=4).until_version == 11
+    tight = book(window=1, newest_first=True)  # no room at all: a lease covers the learner's own version only
+    assert tight.room == 0 and tight.grant("S1", want=2, rate=1.0, version=3, waiting=0, now=0.0).until_version == 3
+
+
 def test_a_sampler_behind_is_told_to_come_back_in_one_of_the_learners_steps_bounded():
     b = book(window=4)
     for v in range(10, 14):  # a step every 5 s
@@ -208,7 +218,8 @@ def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_susp
 
     it, rep, ask = learner_intake(tmp_path)
     reply = ask(LeaseRequest(want=16, rate=2.0, version=6))
-    assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 4 - 1, 6, 0)
+    # the paper's rule (newest first): 0.6 of the room a window of 4 leaves past a step in the queue, rounded up
+    assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 2, 6, 0)
     assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1  # exact: not now + life - now on the clock
     assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
     import time
