@@ -174,6 +174,7 @@ class RolloutIntake:
         self.version, self.latest, self.learners, self.run_record = version, latest, learners, run_record
         self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
+        self.clock = time.monotonic  # the clock of leases and active senders (tests set a fixed one)
 
     def serve(self, node: Delivery) -> None:
         batch = Bounds(frame=self.batch_limit, groups=self.flow.max_batch_groups)
@@ -245,7 +246,7 @@ class RolloutIntake:
         and the samplers that sent records in the last ``ACTIVE_SENDER_S`` and share the queue (``ActiveSenders``;
         ``peer``, the asker, judged now)."""
         return queue_bounds(self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue,
-                            self.state.sharing(time.monotonic(), ACTIVE_SENDER_S, self.sharing, peer))
+                            self.state.sharing(self.clock(), ACTIVE_SENDER_S, self.sharing, peer))
 
     def step_share(self) -> int:
         """Groups this learner takes a step: its share of ``train.groups_per_step``."""
@@ -266,7 +267,7 @@ class RolloutIntake:
     def admit_batch(self, records: list[bytes], peer: str) -> list[tuple[str, str]]:
         """(status, reason) of each record: ``busy`` once ``peer``'s or the overall queue bound is reached
         (not decoded: the sampler keeps it and retries later), else ``admit``; never raises."""
-        now = time.monotonic()
+        now = self.clock()
         # a share of the queue while it sends, unless it sends garbage (``sharing``)
         self.state.sent(peer, now, forget_before=now - ACTIVE_SENDER_S, sharing=self.sharing(peer))
         out = []
@@ -330,7 +331,7 @@ class RolloutIntake:
         """Work for ``peer``: a lease from this learner's demand (``leases.LeaseBook``). Banned peers' and
         over-limit streams never get here (the node refuses them); a peer banned meanwhile, or one that sends
         garbage and is not known (``sharing``), is answered with no groups and the longest retry, counted, logged."""
-        now, version = time.monotonic(), self.version()
+        now, version = self.clock(), self.version()
         policy, run_record = self.policy_hint()
         refused = ("banned" if self.reputation is not None and self.reputation.banned(peer)
                    else "suspect" if not self.sharing(peer) else None)

@@ -217,15 +217,14 @@ def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_susp
     from p2prl.net.messages import LeaseRequest, MessageError
 
     it, rep, ask = learner_intake(tmp_path)
+    it.clock = lambda: 1_000.0  # leases and active senders on a fixed clock: nothing here depends on the pace
     reply = ask(LeaseRequest(want=16, rate=2.0, version=6))
     # the paper's rule (newest first): 0.6 of the room a window of 4 leaves past a step in the queue, rounded up
     assert (reply.groups, reply.until_version, reply.version, reply.queue) == (8, 6 + 2, 6, 0)
     assert reply.life_s == 3 * 8 / 2.0 and reply.lease_id == 1  # exact: not now + life - now on the clock
     assert ask(LeaseRequest(want=16, rate=2.0, version=6)).groups == 0  # it owes the whole target already
-    import time
-
     for peer in ("12D3KooWsampler", "12D3KooWother"):  # two active senders: half the queue each, 4 groups ...
-        it.state.sent(peer, time.monotonic(), 0.0)
+        it.state.sent(peer, 1_000.0, 0.0)
     assert it.room("12D3KooWother") == 4 and it.room("12D3KooWsampler") == 8  # ... but what its lease owes is room
     with caplog.at_level(logging.INFO, logger="p2prl.learner.intake"):
         it.bad_lease("12D3KooWsampler", MessageError("bad_field", "field 'want'"))  # garbage: suspect from now on
