@@ -13,15 +13,16 @@ Two modes, one table:
 * ``push`` (before issue 38): a sampler makes ``train.groups_per_step`` groups per generation call, whatever the
   learners need, and sends them through its ``Outbox``; a learner answers ``busy`` past its queue bounds and the
   sampler waits for room, polling (the way ``LearnerLink.wait_for_room`` and ``settle`` do); gradient rounds ship 8
-  bytes per trainable parameter (float64 fixed point) within ``rounds.timeout_s``; the control plane costs O(active
+  bytes per trainable parameter (float64 fixed point: twice ``averaging.wire_bytes``, that encoder being gone)
+  within ``rounds.timeout_s``; the control plane costs O(active
   senders) per request (``RolloutIntake.queue_bounds`` walks them); DHT: one ``peers`` key every peer reads.
 * ``lease`` (after): a sampler runs the real ``LeaseHolder`` (``sampler/lease.py``) as ``LearnerLink.work`` does:
   it asks a learner for a lease (the learner state's ``LeaseBook.grant``), makes only the leased groups, in calls
   sized from its measured rate (``LeaseHolder.call_size``), sends them to that learner, and asks again; with no
   demand it asks another learner, and waits the ``retry_s`` each learner set; the learner refuses groups that would
-  age out (``will_age_out``) and keeps room for what a lease owes; rounds ship 4 bytes per trainable parameter;
-  requests cost O(1); DHT: the sharded layout (learners' key, ``PEER_SHARDS`` sampler shards read only by
-  operators, ``HOLDER_SHARDS`` holder shards).
+  age out (``will_age_out``) and keeps room for what a lease owes; rounds ship 4 bytes per trainable parameter
+  (``averaging.wire_bytes``); requests cost O(1); DHT: the sharded layout of ``net/dht.py`` (learners' key,
+  ``PEER_SHARDS`` sampler shards read only by operators, ``HOLDER_SHARDS`` holder shards).
 
 Model assumptions (the defaults of ``Profile``, the paper's deployment: configs/qwen3-1.7b-math-paper.toml):
 

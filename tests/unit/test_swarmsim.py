@@ -112,3 +112,10 @@ def test_the_paper_profile_reads_its_config():
     assert p.round_time(1, "full", "push") == 0 and p.round_time(4, "full", "push") > p.round_timeout_s
     assert math.isclose(p.round_time(4, "lora", "push") - 6 * p.learner_rtt_s,
                         2 * (p.round_time(4, "lora", "lease") - 6 * p.learner_rtt_s))
+    from p2prl.experiments import swarmsim
+    from p2prl.net import averaging, dht
+
+    # the layout and the rounds' bytes are the code's, not copies
+    assert (swarmsim.PEER_SHARDS, swarmsim.HOLDER_SHARDS) == (dht.PEER_SHARDS, dht.HOLDER_SHARDS)
+    wire_s = averaging.wire_bytes(int(p.trainable["lora"]), 4) * 8 / (p.learner_link_mbps * 1e6)
+    assert math.isclose(p.round_time(4, "lora", "lease"), wire_s + 6 * p.learner_rtt_s)
