@@ -46,8 +46,10 @@ MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there
 FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
 MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
-IDLE_REQUESTS_PER_S = 50.0  # idle ``lease`` requests a learner invites a second at most, whatever the number asking
-RETRY_CEIL_S = 600.0  # the longest retry a learner sets (up to 30,000 samplers asking keep within IDLE_REQUESTS_PER_S)
+# idle ``lease`` requests a learner invites a second at most, whatever the number asking (simulated, paper deployment:
+# 300 keeps 10,000 samplers at the 30 s retry, while fewer requests let idle samplers' weights age and slow training)
+IDLE_REQUESTS_PER_S = 300.0
+RETRY_CEIL_S = 600.0  # the longest retry a learner sets (up to 180,000 samplers asking keep IDLE_REQUESTS_PER_S)
 ROOM_NEWEST = 0.6  # share of the room a lease spans under a newest-first rule (simulated: 0.5 starves few samplers)
 
 
