@@ -490,7 +490,7 @@ def render(rows: list[list[str]], settings: str) -> str:
     return f"""{head}
 {lines}
 
-Targets (issue 38), per code and number of learners:
+Targets (the scale targets), per code and number of learners:
 
 {verdicts}
 

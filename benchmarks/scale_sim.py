@@ -1,4 +1,4 @@
-"""Benchmark (simulated): the swarm at 8 to 10,000 samplers, before (push) and after (leases) issue 38.
+"""Benchmark (simulated): the swarm at 8 to 10,000 samplers, before (push) and after (leases).
 
     python benchmarks/scale_sim.py [--quick] [--sizes 8,32,128,1000,10000] [--learners 1,4,16]
                                    [--loopback-step-s S] [--loopback-gen-rate G] [--loopback-sizes ...]
@@ -97,7 +97,8 @@ links (weights and rounds); weights: LoRA rank 16 66.5 MiB, full bf16 3,281.8 Mi
 (benchmarks/weight_bytes.py), fetched from up to 2 holders of the newest version (learners: {slots} upload slots;
 every sampler re-serves);
 gradient rounds: 8 bytes per trainable parameter before, 4 after, ring all-reduce; control plane: 0.3 ms a request,
-plus 4 us per active sender before (so that 400-500 samplers fill a learner's event loop, as measured for issue 38);
+plus 4 us per active sender before (so that 400-500 samplers fill a learner's event loop, as measured with real
+peers before leases);
 DHT: 1 KB records, 5 replicas, log2(peers) hops of 200 B; before: one `peers` key every peer writes and reads each
 heartbeat; after: the learners' key, 32 sampler shards (written every 3 heartbeats, read by operators only), holders
 sharded. Lease mode: the real `LeaseHolder` (a sampler asks for {want:.0f} s of its generation per lease).

@@ -10,7 +10,7 @@ network code does in the real peers (sending a batch, answering it, asking for a
 
 Two modes, one table:
 
-* ``push`` (before issue 38): a sampler makes ``train.groups_per_step`` groups per generation call, whatever the
+* ``push`` (before leases): a sampler makes ``train.groups_per_step`` groups per generation call, whatever the
   learners need, and sends them through its ``Outbox``; a learner answers ``busy`` past its queue bounds and the
   sampler waits for room, polling (the way ``LearnerLink.wait_for_room`` and ``settle`` do); gradient rounds ship 8
   bytes per trainable parameter (float64 fixed point: twice ``averaging.wire_bytes``, that encoder being gone)
@@ -46,18 +46,18 @@ Model assumptions (the defaults of ``Profile``, the paper's deployment: configs/
 * Churn: a volunteer stays an exponential time (mean one hour) and is replaced by a new one with fresh links, rate
   and version 0; groups it had not handed to a learner are lost. Learners do not churn.
 * Control plane: a learner's event loop spends ``control_s`` (0.3 ms) per request, plus, in push mode,
-  ``control_per_sender_s`` (4 us) per active sender (the walk of ``queue_bounds``), so that 400-500 samplers fill it
-  as measured for issue 38; requests queue on that one loop. Samplers waiting for room poll a learner every
-  ``min(poll_s, max(ROOM_POLL_S, 2 x rtt))`` and ask it for acknowledgements every ``poll_s``: those polls that find
-  no room are counted and charged to the loop, not simulated one by one (they change no state); the polls that
-  find room are simulated (order statistics of the waiters' poll phases). Likewise the lease requests a sampler
-  refused as behind repeats (at the retry the learner set) until it loads a newer version. Counted polls are
-  closed-loop: a sampler asks again only once answered, so they slow down as the learner's loop falls behind.
+  ``control_per_sender_s`` (4 us) per active sender (the walk of ``queue_bounds``), so that 400-500 samplers fill it as
+  measured with real peers before leases; requests queue on that one loop. Samplers waiting for room poll a learner
+  every ``min(poll_s, max(ROOM_POLL_S, 2 x rtt))`` and ask it for acknowledgements every ``poll_s``: those polls that
+  find no room are counted and charged to the loop, not simulated one by one (they change no state); the polls that find
+  room are simulated (order statistics of the waiters' poll phases). Likewise the lease requests a sampler refused as
+  behind repeats (at the retry the learner set) until it loads a newer version. Counted polls are closed-loop: a sampler
+  asks again only once answered, so they slow down as the learner's loop falls behind.
 * DHT (``dht_bytes``): every record about 1 KB on the wire (record, owned subkey with an RSA key, signature), a
   store goes to 5 replicas, a look-up walks log2(peers) nodes at 200 bytes a hop and reads the value once.
 
 What it leaves out: learners' failures and catch-up, spot checks and bans, the sampler's sync-delay draw, rate
-limits on weight fetches, all-equal-reward groups (issue 38 item 2), GPU memory. Tested in
+limits on weight fetches, all-equal-reward groups (``flow.skip_uniform_groups``), GPU memory. Tested in
 tests/unit/test_swarmsim.py; ``benchmarks/scale_sim.py`` runs the grid.
 """
 from __future__ import annotations

@@ -100,7 +100,7 @@ def paper_profile() -> Profile:
 def loopback_profile(step_s: float = 1 / 4.18, gen_groups_per_s: float = 100.0, control_s: float = 1e-3,
                      control_per_sender_s: float = 1.3e-5, weight_bytes: float = 0.6e6) -> Profile:
     """This machine's real setup (``benchmarks/scale.py``): the tiny default policy (configs/default.toml), the
-    learner on one core (``step_s``: seconds a step of 16 groups; 1/4.18 as measured for issue 38 with the learner
+    learner on one core (``step_s``: seconds a step of 16 groups; 1/4.18 as measured before leases with the learner
     held to 0.3 of a core), every sampler identity sharing the other core (``gen_groups_per_s`` in all), loopback
     links (0.2 ms, 10 Gbit/s), no churn. Set the parameters from the real run's measured rates to compare."""
     cfg = load_config(CONFIGS / "default.toml")
