@@ -3,6 +3,8 @@ those beyond its demand are told to wait (idle), and the leases of a learner kil
 
 import signal
 
+from hivemind.p2p import PeerID
+
 from helpers.swarm_util import Peers, acknowledged_missing, history, last_json, last_version, read_jsonl, wait_for
 
 STALE_BOUND = 4  # see the first test
@@ -57,9 +59,11 @@ def test_the_leases_of_a_killed_learner_go_to_another_learner(peers, tmp_path):
     peers.join("a", "learner", maddr, *rounds, "train.steps=1000", out=outs["a"])
     peers.join("b", "learner", maddr, *rounds, "train.steps=1000", out=outs["b"], join=True)
     acks = [tmp_path / f"s{i}.acks" for i in range(2)]
+    keys = [tmp_path / f"s{i}.id" for i in range(2)]  # each sampler's identity: its peer id names its groups
     for i, f in enumerate(acks):
         # three times slower: a lease takes them a while to fill, so b dies holding one
-        peers.join(f"s{i}", "sampler", maddr, *rounds, f"testing.ack_log={f}", "testing.slowdown=3")
+        peers.join(f"s{i}", "sampler", maddr, *rounds, f"testing.ack_log={f}", "testing.slowdown=3",
+                   f"net.identity_path={keys[i]}")
 
     def b_holds_leases() -> bool:  # samplers delivered under b's leases, and b's last step saw one still owed
         lines = read_jsonl(outs["b"] / "metrics.jsonl")
@@ -69,7 +73,16 @@ def test_the_leases_of_a_killed_learner_go_to_another_learner(peers, tmp_path):
     wait_for(b_holds_leases, 240, "learner b to hold leases samplers deliver under", interval=0.05)
     v_kill = last_version(outs["a"])
     peers.signal("b", signal.SIGKILL)
-    wait_for(lambda: last_version(outs["a"]) >= v_kill + 3, 120, "a to train 3 more versions alone")
+    ids = {f"s{i}": PeerID.from_identity(k.read_bytes()).to_base58() for i, k in enumerate(keys)}
+
+    def trained_by_a_after_the_kill() -> dict[str, int]:  # groups of each sampler a trained in versions after v_kill
+        after = [gid for line in read_jsonl(outs["a"] / "train_log.jsonl") if line["version"] > v_kill
+                 for gid, _, _ in line["groups"]]
+        return {s: sum(gid.startswith(p + "/") for gid in after) for s, p in ids.items()}
+
+    # the work of both samplers goes to a, the one learner left, which trains it
+    wait_for(lambda: last_version(outs["a"]) >= v_kill + 3 and all(trained_by_a_after_the_kill().values()), 120,
+             "a to train 3 more versions alone, with groups of both samplers")
     got = summaries(peers, ["s0", "s1"])
     assert peers.stop("a") == 0, peers.log("a")
     # a sampler holding a lease of b's dropped it (b gone from the records, or its life over) and asked a for work,
@@ -77,10 +90,5 @@ def test_the_leases_of_a_killed_learner_go_to_another_learner(peers, tmp_path):
     moved = ("lease/lost", "lease/failed", "send/resend")
     noticed = {s: {k: v for k, v in c.items() if k.startswith(moved)} for s, c in got.items()}
     assert any(noticed.values()), noticed
-    after = [gid for l in read_jsonl(outs["a"] / "train_log.jsonl") if l["version"] > v_kill
-             for gid, _, _ in l["groups"]]
-    ids = {f"s{i}": f.read_text().split()[0].split("/")[0] for i, f in enumerate(acks)}  # each sampler's peer id
-    went = {s: sum(gid.startswith(ids[s] + "/") for gid in after) for s, n in noticed.items() if n}
-    assert went and all(went.values()), went  # the work of b's samplers went to a, which trained it
     chain = history(list(outs.values()))
     assert not acknowledged_missing(chain, acks)
