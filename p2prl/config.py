@@ -377,6 +377,11 @@ class FlowConfig(_Section):
     version's sha256."""
     outbox_limit: int = Field(1024, ge=1, le=1_000_000)
     """Unacknowledged groups a sampler keeps before it pauses."""
+    pull_work: bool = False
+    """Samplers ask learners for leases and generate only the work leased to them (docs/protocol.md, `lease`), instead
+    of generating a loop's batch (train.groups_per_step) at a time and pushing it, waiting on `busy`. Off by default:
+    leases cut stale waste to about none, but cost throughput where round trips are long or samplers share a core
+    (docs/results.md, "Scale"; docs/architecture.md, "Scale"). Learners serve leases either way."""
     skip_uniform_groups: bool = True
     """A learner whose queue already holds its next step drops a group whose rewards are all equal (every advantage
     0: no signal) instead of queueing it, and answers it `dropped` (reason `uniform`); while it lacks groups for its
@@ -538,9 +543,6 @@ class TestingConfig(_Section):
     """A sampler appends the ids of its groups acknowledged as trained to this file (audits)."""
     hold_file: str = Field("")
     """A learner takes no step while this file exists (tests fill its queue this way, whatever the machine's pace)."""
-    unleased: bool = Field(False)
-    """A sampler generates a loop's batch (train.groups_per_step) at a time without asking learners for leases, as
-    samplers before protocol 7 do (tests of the learners' `busy` guard)."""
 
 
 class Config(_Section):

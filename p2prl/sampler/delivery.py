@@ -180,10 +180,11 @@ class LearnerLink:
         its learner is gone (from the run's records, or given up on after failed exchanges) or it ran out
         (``LeaseHolder.check``), and a new one asked for when none is held, of a learner not backed off from.
         ``version``: the policy version held; ``newest``: the newest a learner is known to be at. Learners of
-        earlier protocols hand out no leases: with only those, one loop's batch (``train.groups_per_step``)."""
+        earlier protocols hand out no leases: with only those, or with ``flow.pull_work`` off, one loop's batch
+        (``train.groups_per_step``)."""
         answering = self.outbox.answering(self.learners())
         leasing = [r for r in answering if r.protocol >= LEASE_PROTOCOL]
-        if not leasing or self.cfg.testing.unleased:
+        if not leasing or not self.cfg.flow.pull_work:
             return self.cfg.train.groups_per_step if answering else 0
         now = time.monotonic()
         if self.lease.check({r.peer_id for r in leasing}, newest, now):

@@ -28,7 +28,7 @@ def test_more_samplers_than_the_learner_needs_make_no_stale_group(peers, tmp_pat
     peers.join("learner", "learner", maddr, "train.steps=1000", out=out)
     names = [f"s{i}" for i in range(4)]
     for s in names:
-        peers.join(s, "sampler", maddr)
+        peers.join(s, "sampler", maddr, "flow.pull_work=true")
     wait_for(lambda: last_version(out) >= 12, 240, "the learner to publish 12 versions")
     got = summaries(peers, names)
     assert peers.stop("learner") == 0, peers.log("learner")
@@ -63,7 +63,7 @@ def test_the_leases_of_a_killed_learner_go_to_another_learner(peers, tmp_path):
     for i, f in enumerate(acks):
         # three times slower: a lease takes them a while to fill, so b dies holding one
         peers.join(f"s{i}", "sampler", maddr, *rounds, f"testing.ack_log={f}", "testing.slowdown=3",
-                   f"net.identity_path={keys[i]}")
+                   "flow.pull_work=true", f"net.identity_path={keys[i]}")
 
     def b_holds_leases() -> bool:  # samplers delivered under b's leases, and b's last step saw one still owed
         lines = read_jsonl(outs["b"] / "metrics.jsonl")

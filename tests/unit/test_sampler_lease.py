@@ -101,7 +101,7 @@ def learner(peer: str, protocol: int | None = None, queue: int = 0) -> PeerRecor
 
 
 def link(reply, learners, trust=None) -> tuple[LearnerLink, FakeNode, list]:
-    cfg = load_config(None, ["train.groups_per_step=4", "net.run_id=test"])
+    cfg = load_config(None, ["train.groups_per_step=4", "net.run_id=test", "flow.pull_work=true"])
     node, heard = FakeNode(reply, trust), []
     return LearnerLink(cfg, node, lambda: learners, lambda: 0.0, lambda *a: heard.append(a)), node, heard
 
