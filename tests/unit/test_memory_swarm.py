@@ -56,7 +56,7 @@ def test_memory_nodes_share_records_and_streams_through_the_gate():
 
 def test_a_learner_and_a_sampler_in_memory_train_and_trained_groups_are_acknowledged(tmp_path):
     swarm = MemorySwarm()
-    cfg = load_config(None, [*FAST, f"train.out_dir={tmp_path}", "train.steps=1000"])
+    cfg = load_config(None, [*FAST, f"train.out_dir={tmp_path}", "train.steps=1000", "flow.pull_work=true"])
     stop, sampler_stop = threading.Event(), threading.Event()
     learner_node = SwarmNode(cfg.net, "learner", swarm.transport(), stop,
                              reputation=Reputation(cfg.trust), limits=PeerLimits(cfg.trust))
