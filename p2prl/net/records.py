@@ -353,5 +353,4 @@ class Records:
 
     def dht_bytes(self) -> tuple[int, int]:
         """(read, written): bytes of records this peer read from and wrote to the DHT so far (the transport's)."""
-        fn = getattr(self.transport, "dht_bytes", None)
-        return fn() if fn is not None else (0, 0)
+        return self.transport.dht_bytes()
