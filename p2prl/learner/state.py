@@ -82,9 +82,10 @@ class LearnerState:
             return self._senders.count(now, judge)
 
     def samplers_seen(self) -> set[str]:
-        """Samplers that sent records lately or whose groups wait here."""
+        """Samplers that sent records lately, whose groups wait here or that asked for work lately (a sampler the
+        learner leased nothing to, because others' leases already cover its demand, has joined all the same)."""
         with self._changed:
-            return set(self._senders.last) | self._ledger.buffer.samplers()
+            return set(self._senders.last) | self._ledger.buffer.samplers() | set(self._leases.askers)
 
     def waiting(self, peer: str) -> tuple[int, int]:
         """(groups of ``peer`` waiting to be trained, all groups waiting), counted as groups come and go."""

@@ -78,10 +78,23 @@ def test_samplers_seen_are_those_that_sent_groups_not_those_only_announced():
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.record import Limits
 
-    buffer = SimpleNamespace(samplers=lambda: {"sent", "quiet-for-a-minute"})  # groups queued: they still count
+    class Buffer:  # groups queued: their samplers still count
+        def samplers(self):
+            return {"sent", "quiet-for-a-minute"}
+
+        def __len__(self):
+            return 0
+
+    buffer = Buffer()
     state = LearnerState(SimpleNamespace(buffer=buffer, counts={}))
     intake = RolloutIntake(load_config(None, []).flow, 4, Limits(), state, verifier=None, spot=None, reputation=None,
                            version=lambda: 0, latest=lambda: None, learners=lambda: 1)
     for peer, t in {"sent": 1.0, "sent-too": 2.0}.items():  # a sampler only announced in the DHT is not seen
         state.sent(peer, t, forget_before=0.0)
     assert intake.samplers_seen() == {"sent", "sent-too", "quiet-for-a-minute"}
+    # pulled work: the first sampler to ask leases the whole demand, and one leased nothing has joined all the same
+    # (else a learner waiting for 3 samplers would wait out train.wait_for_samplers_s for samplers it turned away)
+    first, _ = state.lease("first", 64, 0.0, 0, 0, (4, 2.0, 64), now=1.0)
+    second, _ = state.lease("second", 64, 0.0, 0, 0, (4, 2.0, 64), now=1.0)
+    assert first.groups == 8 and second.groups == 0
+    assert intake.samplers_seen() == {"sent", "sent-too", "quiet-for-a-minute", "first", "second"}
