@@ -44,6 +44,51 @@ MAX_TRACKED_SESSIONS = 256  # sampler sessions whose group counters a learner co
 SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions evicts only its own)
 SHARING_REFRESH_S = 1.0  # every active sender's share of the queue is judged again this often (``ActiveSenders``)
 MAX_LEASE_RETRY_S = 30.0  # the retry a refused lease request is told (the lease book's longest back-off)
+LONG_POLL_S = 10.0  # the longest a learner holds a lease request it has no work for (the request's wait_s bounds it)
+LONG_POLL_MAX = 64  # lease requests a learner holds at once; more are answered at once, with the back-off
+
+
+class HeldRequests:
+    """The lease requests a learner holds while it has no work for them (long polls: ``wait_s``), each answered as soon
+    as its demand may have grown, which the training thread signals (``wake``, through ``LearnerState.on_demand``:
+    groups left the queue for a step, or a version was committed). At most ``limit`` are held: past that, the
+    back-off ``retry_s`` of the lease book paces idle samplers. On the network loop; ``wake`` from any thread."""
+
+    def __init__(self, limit: int = LONG_POLL_MAX):
+        self.limit, self.held = limit, 0
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.event: asyncio.Event | None = None
+
+    def room(self) -> bool:
+        return self.held < self.limit
+
+    async def wait(self, hold_s: float) -> bool:
+        """Hold the request until woken (True) or ``hold_s`` passed (False)."""
+        self.loop = asyncio.get_running_loop()
+        if self.event is None:
+            self.event = asyncio.Event()
+        event = self.event
+        self.held += 1
+        try:
+            await asyncio.wait_for(event.wait(), hold_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+        finally:
+            self.held -= 1
+
+    def wake(self) -> None:
+        """Wake every request held (each asks the lease book again, in the order they came)."""
+        if self.loop is not None:
+            try:
+                self.loop.call_soon_threadsafe(self._set)
+            except RuntimeError:  # the loop is closed: the learner is stopping
+                pass
+
+    def _set(self) -> None:
+        event, self.event = self.event, asyncio.Event()
+        if event is not None:
+            event.set()
 
 
 class SessionCounters:
@@ -175,13 +220,15 @@ class RolloutIntake:
         self.batch_limit = batch_frame_limit(flow.max_batch_groups, int(flow.max_batch_mb * 2**20), limits.max_bytes)
         self.admission = ThreadPoolExecutor(max_workers=1, thread_name_prefix="p2prl-admit")  # one verifier
         self.clock = time.monotonic  # the clock of leases and active senders (tests set a fixed one)
+        self.held = HeldRequests()  # lease requests waiting for work (long polls)
+        state.on_demand = self.held.wake
 
     def serve(self, node: Delivery) -> None:
         batch = Bounds(frame=self.batch_limit, groups=self.flow.max_batch_groups)
         node.serve_rpc("rollouts", self.on_rollouts, batch, self.bad_batch, node.transfer_timeout(self.batch_limit))
         node.serve_rpc("rollout", self.on_rollout, Bounds(frame=self.limits.max_bytes), self.bad_record)
         node.serve_rpc("acks", self.on_acks, on_bad=self.bad_acks)
-        node.serve_rpc("lease", self.on_lease, on_bad=self.bad_lease)
+        node.serve_rpc("lease", self.on_lease, on_bad=self.bad_lease, timeout_s=node.transfer_timeout(0) + LONG_POLL_S)
 
     def shutdown(self) -> None:
         """Stop admitting: records still arriving are left unanswered (their samplers send them again)."""
@@ -340,10 +387,27 @@ class RolloutIntake:
             if n <= 5 or n % 100 == 0:
                 log.info("refused a lease to %s: %s (%d so far)", peer[-6:], refused, n)
             return LeaseReply(0, 0, version, 0.0, MAX_LEASE_RETRY_S, version, self.state.depth(), policy, run_record)
-        lease, waiting = self.state.lease(peer, req.want, req.rate, req.version, version,
-                                          (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue), now)
+        lease, waiting = self.grant(peer, req, version, now)
+        # no work now, and the sampler waits for some: held until the learner's demand may have grown (a long poll;
+        # known samplers only: a request held keeps a stream open, and unknown peers share a few)
+        hold_s = min(req.wait_s, LONG_POLL_S)
+        if lease.groups == 0 and hold_s > 0 and lease.until_version >= version and self.held.room() and (
+                self.reputation is None or self.reputation.vouched(peer)):
+            deadline = time.monotonic() + hold_s
+            self.state.count("lease/held")
+            while lease.groups == 0 and await self.held.wait(max(0.0, deadline - time.monotonic())):
+                version = self.version()
+                lease, waiting = self.grant(peer, req, version, self.clock())
+                if lease.until_version < version:  # its version fell behind meanwhile: it is told so at once
+                    break
+            policy, run_record = self.policy_hint()
         return LeaseReply(lease.lease_id, lease.groups, lease.until_version, lease.life_s,
                           lease.retry_s, version, waiting, policy, run_record)
+
+    def grant(self, peer: str, req: LeaseRequest, version: int, now: float):
+        """(a lease for ``peer``'s request from the learner's state, groups waiting)."""
+        return self.state.lease(peer, req.want, req.rate, req.version, version,
+                                (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue), now)
 
     def bad_lease(self, peer: str, e: MessageError) -> None:
         """A ``lease`` request that does not parse: counted against the peer (toward a ban), logged, unanswered."""

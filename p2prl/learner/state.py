@@ -39,6 +39,9 @@ class LearnerState:
         rule = getattr(buffer, "rule", None)
         self._leases = LeaseBook(1, rule.trained_lag(buffer.max_staleness) if rule is not None else 0,
                                  newest_first=rule is not None and rule.newest_first)
+        # called (on the training thread, after the lock) when demand for work may have grown: groups left the queue
+        # for a step, or a version was committed (leases past it end); the intake wakes the lease requests it holds
+        self.on_demand: Callable[[], None] = lambda: None
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -181,7 +184,9 @@ class LearnerState:
                 batch = buffer.select(min(share, len(buffer)), version)  # join the round with what is here
             if batch is None:
                 self._changed.wait(timeout=wait_s)
-            return batch
+        if batch:
+            self.on_demand()
+        return batch
 
     def requeue(self, groups: list[RolloutGroup]) -> None:
         """Put back groups taken but not trained (a failed round)."""
@@ -199,6 +204,7 @@ class LearnerState:
         with self._changed:
             self._lags.update(v - 1 - g.policy_version for g in batch)
             self._ledger.record(v, ids, batch, confirmed, now)
+        self.on_demand()
 
     def settle(self, confirmed: int, before: float) -> None:
         with self._changed:

@@ -28,6 +28,7 @@ BATCH_HEADER = 4  # bytes of a ``rollouts`` batch's record count, and of each re
 MAX_ERROR = 200  # characters of a ``rollouts`` reply's error kept
 MAX_LEASE_GROUPS = 65_536  # groups one ``lease`` request asks for or one reply grants
 MAX_LEASE_S = 3600.0  # longest lease life or retry a ``lease`` reply names (seconds)
+MAX_LEASE_WAIT_S = 60.0  # longest a ``lease`` request lets the learner hold it for work (seconds)
 MAX_RATE = 1e6  # fastest rate (groups a second) a ``lease`` request reports
 
 
@@ -260,20 +261,26 @@ def _count(d: dict, key: str, high: int) -> int:
 @dataclass(frozen=True)
 class LeaseRequest:
     """A sampler asks a learner for work: up to ``want`` groups; ``rate``: groups it makes a second (0: not measured
-    yet); ``version``: the policy version it holds."""
+    yet); ``version``: the policy version it holds; ``wait_s``: how long the learner may hold the request, when it has
+    no work for it now, to answer it as soon as it has (a long poll; 0: answer at once)."""
 
     want: int
     rate: float
     version: int
+    wait_s: float = 0.0
 
     def encode(self) -> bytes:
-        return pack({"want": self.want, "rate": float(self.rate), "version": self.version})
+        return pack({"want": self.want, "rate": float(self.rate), "version": self.version}
+                    | ({"wait_s": float(self.wait_s)} if self.wait_s else {}))
 
     @classmethod
     def decode(cls, raw: bytes, bounds: Bounds = CONTROL) -> LeaseRequest:
-        """``want`` in 0..``MAX_LEASE_GROUPS``, ``rate`` a finite number in 0..``MAX_RATE``, ``version`` >= 0."""
+        """``want`` in 0..``MAX_LEASE_GROUPS``, ``rate`` a finite number in 0..``MAX_RATE``, ``version`` >= 0,
+        ``wait_s`` (optional) a finite number in 0..``MAX_LEASE_WAIT_S``."""
         d = _map(raw, bounds, {})
-        return cls(_count(d, "want", MAX_LEASE_GROUPS), _float(d, "rate", MAX_RATE), _count(d, "version", 2**63))
+        wait_s = _float(d, "wait_s", MAX_LEASE_WAIT_S) if "wait_s" in d else 0.0
+        return cls(_count(d, "want", MAX_LEASE_GROUPS), _float(d, "rate", MAX_RATE), _count(d, "version", 2**63),
+                   wait_s)
 
 
 @dataclass(frozen=True)

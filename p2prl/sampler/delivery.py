@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from p2prl.sampler.lease import LEASE_PROTOCOL, LeaseHolder
+from p2prl.sampler.lease import LEASE_PROTOCOL, LEASE_WAIT_S, LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 from p2prl.net.messages import AcksReply, AcksRequest, LeaseReply, LeaseRequest, MessageError, RolloutsRequest
 from p2prl.net.node import Refused, backoff
@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 ROOM_POLL_S = 0.05  # shortest pause before asking a busy learner for room again (two round trips when longer)
 ACK_CHUNK = 1024  # group ids asked about in one ``acks`` request
+IDLE_POLL_S = 0.05  # shortest pause of the loop while no work is leased
 
 
 class BatchRefused(ConnectionError):
@@ -54,6 +55,15 @@ class Batch:
     done_at: float = 0.0
 
 
+@dataclass
+class LeaseCall:
+    """The ``lease`` request in flight (one at a time)."""
+
+    learner: str
+    reply: Future
+    done_at: float = 0.0  # when its reply came (the lease's life counts from then)
+
+
 class LearnerLink:
     def __init__(self, cfg: Config, node: Delivery, learners: Callable[[], list[PeerRecord]],
                  throughput: Callable[[], float],
@@ -69,6 +79,7 @@ class LearnerLink:
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
         self.waiting = False  # no learner of the run answers (``note_learners``)
         self.lease = LeaseHolder(cfg.train.groups_per_step)  # the work leased to us (``lease.py``)
+        self.leasing: LeaseCall | None = None
 
     def note_learners(self, learners: list[PeerRecord]) -> None:
         """Say once when no learner of the run answers any more (none announced, or every one given up on after
@@ -176,31 +187,65 @@ class LearnerLink:
 
     # ---- leases ------------------------------------------------------------------------------------------
     def work(self, version: int, newest: int) -> int:
-        """Groups to make now (0: none leased; ``lease.retry_at`` says when it asks again): the lease held is ended if
-        its learner is gone (from the run's records, or given up on after failed exchanges) or it ran out
-        (``LeaseHolder.check``), and a new one asked for when none is held, of a learner not backed off from.
-        ``version``: the policy version held; ``newest``: the newest a learner is known to be at. Learners of
-        earlier protocols hand out no leases: with only those, or with ``flow.pull_work`` off, one loop's batch
-        (``train.groups_per_step``)."""
+        """Groups to make now (0: none leased; ``lease.wake_at`` says when it asks again, or a request is in flight):
+        the reply of the ``lease`` request in flight is taken if it came; the lease held is ended if its learner is
+        gone (from the run's records, or given up on after failed exchanges) or it ran out (``LeaseHolder.check``);
+        with none held and none asked for, one is asked for, of a learner not backed off from (without waiting: a
+        learner holds a request it has no work for until it has, ``LEASE_WAIT_S`` at most). ``version``: the policy
+        version held; ``newest``: the newest a learner is known to be at. Learners of earlier protocols hand out no
+        leases: with only those, or with ``flow.pull_work`` off, one loop's batch (``train.groups_per_step``)."""
         answering = self.outbox.answering(self.learners())
         leasing = [r for r in answering if r.protocol >= LEASE_PROTOCOL]
         if not leasing or not self.cfg.flow.pull_work:
             return self.cfg.train.groups_per_step if answering else 0
-        now = time.monotonic()
-        if self.lease.check({r.peer_id for r in leasing}, newest, now):
-            self.lease.retry_at = now  # ask another learner at once
         usable = self.outbox.usable(leasing, time.time())
-        while self.lease.held is None and (ask := [r for r in usable if self.lease.should_ask(now, r.peer_id)]):
-            self.ask_lease(pick_learner(ask, self.outbox.rng), version, now)  # one told "no work" is asked no more
+        while True:  # a reply already there (another learner asked at once after one with no work)
+            self.take_lease(version)
+            now = time.monotonic()
+            if self.lease.check({r.peer_id for r in leasing}, newest, now):
+                self.lease.retry_at = now  # ask another learner at once
+            ask = [r for r in usable if self.lease.should_ask(now, r.peer_id)]
+            if self.lease.held is not None or self.leasing is not None or not ask:
+                break
+            self.ask_lease(pick_learner(ask, self.outbox.rng), version)  # one told "no work" is asked no more
         self.lease.next_ask([r.peer_id for r in usable])
-        return self.lease.call_size(now)
+        return self.lease.call_size(time.monotonic())
 
-    def ask_lease(self, learner: str, version: int, now: float) -> None:
-        """Ask ``learner`` for a lease (waited for). A reply from a peer the run's trust does not take as a learner,
-        or one that does not decode, is refused as forged; a failed request backs off from that learner."""
-        req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version)
+    def renew(self, n: int, version: int) -> None:
+        """A generation call of ``n`` groups starts: if it fills the lease held, more is asked of the same learner
+        now, so that the reply is there when the call ends (the learner adds it to the lease, or holds the request
+        until it has work)."""
+        held = self.lease.held
+        if held is not None and n >= held.owed and self.leasing is None and self.cfg.flow.pull_work:
+            self.ask_lease(held.learner, version)
+
+    def wait_for_lease(self, stop: threading.Event) -> None:
+        """No work leased: wait for the ``lease`` reply in flight, or until the lease is asked for again (when the
+        learner said), ``net.poll_s`` at most (the loop handles replies meanwhile)."""
+        if self.leasing is not None:
+            concurrent.futures.wait([self.leasing.reply], self.cfg.net.poll_s)
+        else:
+            stop.wait(min(self.cfg.net.poll_s, max(IDLE_POLL_S, self.lease.wake_at - time.monotonic())))
+
+    def ask_lease(self, learner: str, version: int) -> None:
+        """Ask ``learner`` for a lease (not waited for: ``take_lease``)."""
+        req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version, LEASE_WAIT_S)
+        call = LeaseCall(learner, self.node.call_async(learner, "lease", req,
+                                                       timeout_s=self.node.transfer_timeout(0) + LEASE_WAIT_S))
+        call.reply.add_done_callback(lambda _f: setattr(call, "done_at", time.monotonic()))
+        self.leasing = call
+
+    def take_lease(self, version: int) -> None:
+        """The reply of the ``lease`` request in flight, if it came. A reply from a peer the run's trust does not take
+        as a learner, or one that does not decode, is refused as forged; a failed request backs off from that
+        learner."""
+        call = self.leasing
+        if call is None or not call.reply.done():
+            return
+        self.leasing, learner = None, call.learner
+        now = call.done_at or time.monotonic()  # the callback may not have run yet
         try:
-            reply: LeaseReply = self.node.call(learner, "lease", req)
+            reply: LeaseReply = call.reply.result()
         except MessageError as e:
             self.lease.refused("forged", now)
             log.warning("a lease reply from %s does not decode: %s; refused", learner[-6:], e)

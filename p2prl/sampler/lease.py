@@ -37,6 +37,7 @@ WANT_S = 10.0  # a sampler asks for what it makes in this many seconds (at its m
 MIN_RETRY_S = 0.2  # the shortest a sampler waits before asking a learner again, whatever it said
 MAX_RETRY_S = 600.0  # the longest a sampler waits before asking again, whatever a learner said (``RETRY_CEIL_S``)
 FAILED_RETRY_S = 1.0  # after a failed or refused lease request, before asking again
+LEASE_WAIT_S = 5.0  # a lease request lets the learner hold it this long when it has no work now (a long poll)
 PACE_MARGIN = 0.8  # weight requests to one learner at most this share of its per-peer bulk rate
 REFUSED_PACE_S = 60.0  # after a refused weight request, the pace to that learner halves for this long
 
@@ -85,7 +86,13 @@ class LeaseHolder:
                 version: int, now: float) -> None:
         """A learner's reply (``LeaseReply``'s fields; ``version``: the learner's)."""
         if groups > 0 and until_version >= version:
-            self.held = Held(learner, lease_id, groups, until_version, now + life_s)
+            h = self.held
+            if h is not None and h.learner == learner:  # more under the lease held (asked for as its last call began)
+                h.lease_id, h.owed, h.until_version = lease_id, h.owed + groups, until_version
+                h.expires_at = now + life_s
+                self.counts["lease/renewed"] += 1
+            else:
+                self.held = Held(learner, lease_id, groups, until_version, now + life_s)
             self.idle = False
             self.counts["lease/granted"] += 1
             self.counts["lease/granted_groups"] += groups

@@ -67,7 +67,6 @@ FAR_RTT_S = 0.5  # a learner this far (smoothed batch RTT): fetch the version it
 MIN_LOOKUP_S = 0.1  # shortest pause between policy look-ups when learners' replies keep naming newer versions
 START_POLL_S = 0.1  # first pause between look-ups for the first policy, doubling (DHT look-ups are cheap)
 START_POLL_CAP_S = 0.5  # longest pause between them
-IDLE_POLL_S = 0.05  # shortest pause of the loop while no work is leased
 LOADED_LISTED = 256  # the summary lists the versions loaded, at most this many (the most recent)
 
 T = TypeVar("T")
@@ -410,9 +409,10 @@ def generate(s: Sampler, stop: threading.Event, shown: SamplerProgress) -> None:
             link.wait_for_room(stop)
             continue
         n = link.work(s.core.version, max(s.newest, s.core.version))
-        if n == 0:  # none leased: the lease is asked for again when the learner said (replies handled meanwhile)
-            stop.wait(min(s.cfg.net.poll_s, max(IDLE_POLL_S, link.lease.wake_at - time.monotonic())))
+        if n == 0:  # none leased: a reply awaited, or the lease asked for again when the learner said
+            link.wait_for_lease(stop)
             continue
+        link.renew(n, s.core.version)  # this call fills the lease: more asked for while it runs
         t0, leased_by = time.time(), link.lease.learner
         groups = s.core.rollout(s.core.own_prompt_ids(n))
         if s.cfg.testing.slowdown > 1:

@@ -240,3 +240,46 @@ def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_susp
         "refused a lease to ampler: suspect (1 so far)",
         "bad lease request from ampler: bad_field: field 'want' (2 so far)",
         "refused a lease to ampler: banned (1 so far)"]
+
+
+def test_a_request_with_no_work_is_held_until_the_learners_demand_grows(tmp_path):
+    """A long poll: a known sampler's request that finds no work waits (``wait_s``) and is answered as soon as the
+    training thread signals demand (``LearnerState.on_demand``); without a signal it is answered empty when its wait
+    is over; an unknown sampler's request is answered at once."""
+    import asyncio
+    import threading
+
+    from p2prl.net.messages import LeaseRequest
+
+    it, rep, _ = learner_intake(tmp_path)
+    now = [1_000.0]
+    it.clock = lambda: now[0]
+    first = asyncio.run(it.on_lease("12D3KooWfirst", LeaseRequest(want=16, rate=2.0, version=6)))
+    assert first.groups == 8 and first.until_version == 8  # the whole target: none left for another sampler
+    # a peer no group of which was accepted is answered at once, not held: unknown peers share a few streams
+    unknown = asyncio.run(asyncio.wait_for(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=30.0)), 5))
+    assert unknown.groups == 0 and "lease/held" not in it.state.report()["counts"]
+    rep.vouch("12D3KooWsampler")
+
+    async def held_then_woken():
+        task = asyncio.create_task(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=30.0)))
+        for _ in range(500):  # until the request is held (bounded: 5 s)
+            if it.held.held:
+                break
+            await asyncio.sleep(0.01)
+        assert it.held.held == 1 and not task.done()
+        now[0] += first.life_s  # the first lease's life is over: what it owed is free again
+
+        def commit():  # as the training thread does when it commits a version (or takes a step's groups)
+            it.state.on_demand()
+
+        threading.Thread(target=commit).start()
+        return await asyncio.wait_for(task, 10.0)
+
+    woken = asyncio.run(held_then_woken())
+    assert woken.groups > 0 and it.held.held == 0
+    counts = it.state.report()["counts"]
+    assert counts["lease/held"] == 1 and counts["lease/expired"] == 1
+    # nothing changes: answered empty once its wait is over (the learner holds it at most LONG_POLL_S)
+    empty = asyncio.run(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=0.05)))
+    assert empty.groups == 0 and it.state.report()["counts"]["lease/held"] == 2

@@ -44,7 +44,7 @@ VALID = {
     AcksRequest: st.builds(AcksRequest, st.lists(text, max_size=20).map(tuple)),
     AcksReply: st.builds(AcksReply, st.dictionaries(text, text, max_size=8), ints, st.one_of(st.none(), ints),
                          policies, runs),
-    LeaseRequest: st.builds(LeaseRequest, counts, st.floats(0, 1e6), versions),
+    LeaseRequest: st.builds(LeaseRequest, counts, st.floats(0, 1e6), versions, st.floats(0, 60)),
     LeaseReply: st.builds(LeaseReply, versions, counts, versions, seconds, seconds, versions, versions, policies,
                           runs),
     HelloRequest: st.just(HelloRequest()),
@@ -112,6 +112,7 @@ PINNED = [
            "run_record": RUN.encode()})),
     (AcksReply({}, 0), pack({"states": {}, "queue": 0})),
     (LeaseRequest(4, 1.5, 7), pack({"want": 4, "rate": 1.5, "version": 7})),
+    (LeaseRequest(4, 1.5, 7, 5.0), pack({"want": 4, "rate": 1.5, "version": 7, "wait_s": 5.0})),
     (LeaseReply(3, 4, 14, 6.0, 0.5, 7, 2, POLICY, RUN),
      pack({"lease_id": 3, "groups": 4, "until_version": 14, "life_s": 6.0, "retry_s": 0.5, "version": 7, "queue": 2,
            "policy": POLICY.encode(), "run_record": RUN.encode()})),
@@ -150,7 +151,8 @@ def test_nested_records_are_decoded_once_and_a_bad_one_is_none():
 def test_a_lease_message_out_of_its_bounds_is_refused():
     ok = {"want": 4, "rate": 1.5, "version": 7}
     for bad in ({"want": -1}, {"want": 65_537}, {"want": True}, {"rate": float("nan")}, {"rate": float("inf")},
-                {"rate": -0.5}, {"rate": "1"}, {"version": -1}, {"version": 1.0}):
+                {"rate": -0.5}, {"rate": "1"}, {"version": -1}, {"version": 1.0}, {"wait_s": 61.0}, {"wait_s": None},
+                {"wait_s": float("nan")}):
         with pytest.raises(MessageError) as e:
             LeaseRequest.decode(pack(ok | bad))
         assert e.value.reason == "bad_field"

@@ -2,6 +2,7 @@
 ``work``) on a fake node, the weight sync's pace, and stale waste in the peer record and ``p2prl status``."""
 
 import logging
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
@@ -10,7 +11,8 @@ from p2prl.config import load_config
 from p2prl.net.dht import PeerRecord, new_record
 from p2prl.net.messages import LeaseReply, MessageError
 from p2prl.sampler.delivery import LearnerLink
-from p2prl.sampler.lease import CALL_SHARE, FAILED_RETRY_S, MAX_RETRY_S, MIN_RETRY_S, LeaseHolder, SyncPacer
+from p2prl.sampler.lease import (CALL_SHARE, FAILED_RETRY_S, LEASE_WAIT_S, MAX_RETRY_S, MIN_RETRY_S, LeaseHolder,
+                                 SyncPacer)
 from p2prl.trust.authority import Trust
 
 
@@ -83,16 +85,29 @@ def test_weight_requests_to_a_learner_stay_under_its_per_peer_limit():
 
 
 # ---- the requests: LearnerLink on a fake node -----------------------------------------------------------
+def done(reply) -> Future:
+    f = Future()
+    f.set_result(reply)
+    return f
+
+
 class FakeNode:
     def __init__(self, reply, trust=None):
         self.reply, self.calls, self.trust = reply, [], trust or Trust("", "test")
         self.peer_id = "12D3KooWsampler"
 
-    def call(self, peer, name, req, *a, **k):
+    def call_async(self, peer, name, req, *a, **k):
+        """A reply at once (``pending``: a request left in flight)."""
         self.calls.append((peer, name, req))
+        f = Future()
         if isinstance(self.reply, Exception):
-            raise self.reply
-        return self.reply
+            f.set_exception(self.reply)
+        elif self.reply is not None:
+            f.set_result(self.reply)
+        return f
+
+    def transfer_timeout(self, nbytes):
+        return 20.0
 
 
 def learner(peer: str, protocol: int | None = None, queue: int = 0) -> PeerRecord:
@@ -123,6 +138,26 @@ def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplo
         "idle: learner L1 has no work for this sampler now (the run has enough samplers); asking again in 4.0 s"]
 
 
+def test_a_call_that_fills_the_lease_asks_for_more_as_it_starts_and_one_request_is_in_flight_at_most():
+    lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
+    assert lnk.work(version=5, newest=5) == 1
+    lnk.lease.made(1, 0.5)  # 5 owed, 2 groups a second
+    assert lnk.work(version=5, newest=5) == 5
+    node.reply = None  # the learner holds the next request (no work yet)
+    lnk.renew(5, version=5)  # this call fills the lease: more asked for now, of the same learner, with a long poll
+    assert [(p, r.wait_s) for p, _, r in node.calls[1:]] == [("L1", LEASE_WAIT_S)] and lnk.leasing is not None
+    lnk.renew(5, version=5)
+    lnk.lease.made(5, 2.5)  # filled while the request is out: no second request
+    assert lnk.work(version=5, newest=5) == 0 and len(node.calls) == 2 and not lnk.lease.idle
+    lnk.leasing.reply.set_result(LeaseReply(3, 4, 13, 20.0, 1.0, 5, 0))  # the learner had work again
+    assert lnk.work(version=5, newest=5) == 4 and lnk.leasing is None and lnk.lease.held.until_version == 13
+    # the reply comes before the call that asked for it ends: added to the lease held
+    lnk.renew(4, version=5)
+    lnk.leasing.reply.set_result(LeaseReply(3, 2, 14, 20.0, 1.0, 5, 0))
+    lnk.work(version=5, newest=5)
+    assert lnk.lease.held.owed == 6 and lnk.lease.counts["lease/renewed"] == 1 and len(node.calls) == 3
+
+
 def test_a_lease_of_a_learner_gone_is_dropped_and_asked_of_another():
     learners = [learner("L1")]
     lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), learners)
@@ -136,7 +171,7 @@ def test_a_lease_of_a_learner_gone_is_dropped_and_asked_of_another():
 def test_a_learner_with_no_work_sends_the_sampler_to_another_at_once():
     lnk, node, _ = link(None, [learner("L1"), learner("L2", queue=10)])  # L1 looks the better: asked first
     replies = {"L1": LeaseReply(0, 0, 9, 0.0, 5.0, 5, 8), "L2": LeaseReply(4, 3, 12, 20.0, 1.0, 5, 0)}
-    node.call = lambda peer, name, req, *a, **k: node.calls.append(peer) or replies[peer]
+    node.call_async = lambda peer, name, req, *a, **k: node.calls.append(peer) or done(replies[peer])
     assert lnk.work(version=5, newest=5) == 1 and lnk.lease.learner == "L2" and node.calls == ["L1", "L2"]
     replies["L2"] = replies["L1"]
     lnk.lease.held = None
