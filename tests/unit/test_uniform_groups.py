@@ -61,7 +61,8 @@ def test_a_uniform_group_is_dropped_unqueued_once_the_next_step_is_covered(tmp_p
     assert send(lrn, group(4, ONES), group(5, ZEROS), group(6)) == [("dropped", "uniform"), ("dropped", "uniform"),
                                                                     ("accepted", "")]
     assert lrn.state.depth() == 5 and lrn.room(S) == 3  # they took no room
-    assert lrn.state.states_of([f"{S}/s/4", f"{S}/s/6"]) == {f"{S}/s/4": "dropped", f"{S}/s/6": "pending"}
+    # an ``acks`` request tells it from a group aged out (``dropped``, stale waste)
+    assert lrn.state.states_of([f"{S}/s/4", f"{S}/s/6"]) == {f"{S}/s/4": "dropped/uniform", f"{S}/s/6": "pending"}
     assert send(lrn, group(4, ONES)) == [("duplicate", "")]  # a resend
     counts = lrn.state.report()["counts"]
     assert counts["dropped_uniform"] == 2 and counts["admitted"] == 5 and not any(k.startswith("rejected/")
@@ -129,6 +130,26 @@ def test_the_sampler_counts_groups_dropped_as_uniform_and_settles_them_at_once()
                                                                ("dropped", "")], 1, 10, 0.1, 0.0)
     assert len(box) == 1 and box.counts["acked/uniform"] == 1 and box.counts["acked/dropped"] == 1
     assert box.to_ask({"L"}, set()) == {"L": [f"{S}/s/0"]}
+
+
+def test_the_sampler_counts_uniform_and_banned_drops_an_acks_reply_tells_apart_from_stale_ones():
+    """A uniform group whose batch reply was lost, or one waiting when the learner banned this sampler, is settled by
+    an ``acks`` reply: neither is stale waste (``dropped``, with no reason, is)."""
+    box = Outbox(load_config(None, []).flow, 4, backoff=lambda n: 1.0)
+    for n in range(4):
+        g = group(n)
+        box.add(g, encode_group(g))
+    ids = [f"{S}/s/{n}" for n in range(4)]
+    _, batch = box.next_batch([SimpleNamespace(peer_id="L", queue_depth=0, throughput=0.0)], 1.0, 0.0, 10**6)
+    box.batch_unanswered("L", [p.group.group_id for p in batch], "no reply", 0.0)
+    states = dict(zip(ids, ["dropped/uniform", "dropped/banned", "dropped", "dropped/what"]))
+    assert box.states("L", ids, states) == [] and len(box) == 0
+    assert (box.counts["acked/uniform"], box.counts["acked/banned"], box.counts["acked/dropped"]) == (1, 1, 2)
+    assert box.counts["waste/stale"] == 2  # aged out, and a reason this sampler does not know (a fixed name)
+    text = format_summary({"groups_made": 4, "send/accepted": 0, **box.counts})
+    assert text.splitlines()[0] == ("sampler stopped: 4 groups made, 0 accepted by learners, 0 confirmed trained, "
+                                    "2 dropped as stale, 1 dropped as uniform (rewards all equal: no signal), "
+                                    "1 dropped by a learner that banned this sampler")
 
 
 def test_summaries_name_uniform_groups_and_generation_time_per_trained_group():
