@@ -434,6 +434,7 @@ class PeerRecord(_Record):
     session: str = Field("", pattern=r"^[0-9A-Za-z._-]{0,32}$", description="samplers: the session of its group ids")
     unread: int = Field(0, ge=0, le=10**12, description="samplers: groups of the session no learner has read yet")
     stale: int = Field(0, ge=0, le=10**12, description="samplers: groups made, then rejected or dropped as stale")
+    uniform: int = Field(0, ge=0, le=10**12, description="learners: groups dropped as uniform (rewards all equal)")
     authority: str = Field("", pattern=r"^([0-9a-f]{64})?$",
                            description="the run authority (trust.authority, hex) this peer checks; empty: none (open)")
 
@@ -446,7 +447,7 @@ class PeerRecord(_Record):
 
     def encode(self) -> bytes:
         # fields of protocol 5 and later are left out when empty, so that older peers (no such field) read the record
-        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority", "stale")
+        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority", "stale", "uniform")
         return msgpack.packb(self.model_dump(exclude={f for f in optional if not getattr(self, f)}), use_bin_type=True)
 
 

@@ -120,6 +120,37 @@ def test_withholding_is_still_detected_with_the_skip_on(tmp_path):
     lrn.admission.shutdown()
 
 
+def test_status_shows_the_groups_learners_dropped_as_uniform(tmp_path):
+    from rich.console import Console
+
+    from p2prl.net.dht import PeerRecord
+    from p2prl.trust.authority import Trust
+
+    lrn = learner(tmp_path)
+    send(lrn, *(group(n) for n in range(4)))
+    send(lrn, group(4, ONES), group(5, ZEROS))
+    fields = lrn.state.record_fields()
+    assert fields["uniform"] == 2
+    L = "12D3KooWlearner"
+    rec = new_record("learner", "test", L, policy_version=2, throughput=1.0, **fields)
+    assert PeerRecord.decode(rec.encode()).uniform == 2
+    idle = new_record("learner", "test", "12D3KooWother", policy_version=2, throughput=0.0, queue_depth=0)
+    assert b"uniform" not in idle.encode()  # left out when 0
+    sampler = new_record("sampler", "test", S, policy_version=2, throughput=0.0, queue_depth=0)
+    node = SimpleNamespace(peers=lambda: [rec, idle, sampler], latest_policy=lambda: None, refresh_trust=lambda: None,
+                           runs=lambda: {}, run_configs=lambda: {}, run_records=lambda run_id: {},
+                           trust=Trust("", "test"))
+    node.records = node
+    snap = status.snapshot(node, "test")
+    assert snap["uniform"] == 2 and [r["uniform"] for r in snap["peers"]] == [2, 0, None]
+    console = Console(width=200, record=True)
+    console.print(status.render(snap))
+    text = console.export_text()
+    assert "dropped as uniform: 2 groups (rewards all equal: no signal) by learners" in text
+    assert "uniform" in text.splitlines()[2]  # the table's column
+    lrn.admission.shutdown()
+
+
 def test_the_sampler_counts_groups_dropped_as_uniform_and_settles_them_at_once():
     box = Outbox(load_config(None, []).flow, 4, backoff=lambda n: 1.0)
     for n in range(3):
