@@ -224,3 +224,27 @@ def test_prompt_signal_ranks_prompts_likely_to_carry_signal_first_and_is_bounded
     assert sig.rank([1, 9]) == [9, 1]  # a prompt never seen scores the prior, above one always solved
     sig.note(4, np.zeros(8))
     assert list(sig.seen) == [2, 3, 4]  # the least recently seen forgotten
+
+
+def test_p2prl_train_drops_a_uniform_group_only_when_the_step_is_covered_without_it():
+    """One process (``p2prl train``): the swarm learner's rule, its queue being the groups waiting and the batch's
+    other groups; counted as the swarm's are, and named in the summary."""
+    from p2prl.rollout.admission import AdmissionBuffer
+    from p2prl.train import _admit
+
+    verifier = SimpleNamespace(check=lambda g: g)
+    buf = AdmissionBuffer(8)
+    _admit([group(0, ZEROS), group(1), group(2), group(3, ONES)], verifier, buf, 2, 4, skip_uniform=True)
+    assert len(buf) == 4 and not buf.counts["dropped_uniform"]  # nothing waiting: they fill the step
+    assert len(buf.select(2, 2)) == 2  # two left waiting (as after a batch short of a step)
+    _admit([group(4, ZEROS), group(5), group(6), group(7, ONES)], verifier, buf, 2, 4, skip_uniform=True)
+    assert buf.counts["dropped_uniform"] == 2 and [g.group_id for g in buf.pending] == [
+        f"{S}/s/{n}" for n in (2, 3, 5, 6)]
+    _admit([group(4, ZEROS)], verifier, buf, 2, 4, skip_uniform=True)
+    assert buf.counts["rejected/duplicate"] == 1  # dropped, never trained later
+    assert group_totals(buf.counts, 4)["uniform"] == 2
+    kept = AdmissionBuffer(8)
+    kept.add(group(0), 2)
+    kept.add(group(1), 2)
+    _admit([group(4, ZEROS), group(5), group(6), group(7, ONES)], verifier, kept, 2, 4, skip_uniform=False)
+    assert len(kept) == 6 and not kept.counts["dropped_uniform"]  # the key off: trained as before
