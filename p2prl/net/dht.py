@@ -505,4 +505,5 @@ class RunConfigRecord(_Record):
     sampling: dict[str, Scalar] = Field(max_length=64)
     algo: dict[str, Scalar] = Field(max_length=64)
     optim: dict[str, Scalar] = Field(max_length=64)
+    flow: dict[str, Scalar] = Field(default_factory=dict, max_length=16)  # empty: a record from before the section
 
