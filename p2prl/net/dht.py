@@ -78,15 +78,26 @@ def stop_on_signals() -> threading.Event:
     signal, because a DHT process dying mid-start-up leaves ``hivemind.DHT()`` waiting for
     ever. The parent stops it with ``shutdown_dht``. A peer still running ``SLOW_STOP_S`` after the signal prints
     every thread's stack to stderr (``faulthandler``): whatever holds its stop up.
+
+    The first signal is logged (``caught SIGTERM, shutting down``); a later one only at debug level. A peer stopped by
+    SIGTERM often gets a second one: a peer started by ``p2prl.procs`` (``die_with_parent``) gets SIGTERM from the
+    kernel when the process that started it exits, as a harness that signalled it and did not wait does.
     """
     stop, pid = threading.Event(), os.getpid()
+    caught: list[str] = []  # the signal that started the stop
 
     def handler(signum, _frame):
-        if os.getpid() == pid:
-            log.info("caught %s, shutting down", signal.Signals(signum).name)
-            if not stop.is_set():  # a stop that takes this long is a defect: what each thread waits on, for its report
-                faulthandler.dump_traceback_later(SLOW_STOP_S)
-            stop.set()
+        if os.getpid() != pid:
+            return
+        name = signal.Signals(signum).name
+        if caught:
+            log.debug("caught %s again (after %s): already shutting down", name, caught[0])
+            return
+        caught.append(name)
+        log.info("caught %s, shutting down", name)
+        if not stop.is_set():  # a stop that takes this long is a defect: what each thread waits on, for its report
+            faulthandler.dump_traceback_later(SLOW_STOP_S)
+        stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
