@@ -28,6 +28,8 @@ from swarm_vs_train import read_lines  # noqa: E402
 from weight_fanout import run_swarm  # noqa: E402
 
 START_LIMIT_S = 180
+# a step's own ``round/`` metrics in metrics.jsonl; the other ``round/`` keys count failed rounds and refused members
+ROUND_STEP_KEYS = {"learners", "samples", "bytes", "bytes_per_param", "seconds", "limit_s", "saturated"}
 
 
 def measure(lines: list[dict], window: float) -> dict:
@@ -42,7 +44,8 @@ def measure(lines: list[dict], window: float) -> dict:
         "samples_s": sum(l.get("round/samples", 0) for l in inside[1:]) / span,
         "two": sum(1 for l in inside if l.get("round/learners", 1) >= 2) / len(inside),
         "versions": len(inside),
-        "failed": {k.split("/", 2)[2]: v for k, v in inside[-1].items() if k.startswith("admission/round/")},
+        "failed": {k.split("/", 1)[1]: v for k, v in inside[-1].items()
+                   if k.startswith("round/") and k.split("/", 1)[1] not in ROUND_STEP_KEYS},
     }
 
 

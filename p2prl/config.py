@@ -385,8 +385,9 @@ class FlowConfig(_Section):
     skip_uniform_groups: bool = True
     """A learner whose queue already holds its next step drops a group whose rewards are all equal (every advantage
     0: no signal) instead of queueing it, and answers it `dropped` (reason `uniform`); while it lacks groups for its
-    next step it trains them as before (so a learner short of samplers never waits longer). false: always train them
-    (the paper's authors did)."""
+    next step it trains them as before (so a learner short of samplers never waits longer). `p2prl train` follows it
+    too: such a group is dropped when the step is covered without it. false: always train them (the paper's authors
+    did)."""
 
 
 class RoundsConfig(_Section):

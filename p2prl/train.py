@@ -5,6 +5,10 @@ and verified at the learner, admitted by the staleness window and picked by the 
 selection rule. The sampler reloads weights (safetensors bytes + sha256) only when its
 simulated sync delay has passed, so staleness behaves as in the paper's experiments.
 
+Groups with no signal (rewards all equal) follow ``flow.skip_uniform_groups`` as a swarm learner's do: dropped
+only when the step is covered without them (``_admit``), counted and named in the summary ("dropped as uniform").
+As the sampler half makes one step's groups at a time, that is only when groups were left waiting from before.
+
 Deviation, stated: on resume the sampler starts from the checkpoint's policy (as a
 freshly joined sampler would); the held version it had before the stop is not kept.
 """
@@ -27,6 +31,7 @@ from p2prl.metrics import JsonlSink, finish_run, group_totals, progress_bar
 from p2prl.policy import load_policy
 from p2prl.policy.backends import make_generator
 from p2prl.rollout.record import RecordError, decode_group, encode_group
+from p2prl.rollout.signal import uniform
 from p2prl.sampler.core import SamplerCore
 from p2prl.tasks import Task, make_task
 from p2prl.rollout.verify import Verifier
@@ -64,7 +69,7 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
             cursor += t.groups_per_step
 
             # learner half: the same boundary a remote record crosses
-            _admit(groups, verifier, buffer, learner.version)
+            _admit(groups, verifier, buffer, learner.version, t.groups_per_step, cfg.flow.skip_uniform_groups)
             batch = buffer.select(t.groups_per_step, learner.version)
             if batch is None:
                 continue
@@ -135,10 +140,27 @@ def _sync(sampler: SamplerCore, learner: LearnerCore, delay: SyncDelay) -> int:
     return learner.version + max(1, delay.draw())
 
 
-def _admit(groups, verifier: Verifier, buffer: AdmissionBuffer, version: int) -> None:
-    """Each group through the wire format and the verifier into ``buffer``; a rejected one is counted."""
+def _admit(groups, verifier: Verifier, buffer: AdmissionBuffer, version: int, share: int,
+           skip_uniform: bool = False) -> None:
+    """Each group through the wire format and the verifier into ``buffer``; a rejected one is counted. With
+    ``skip_uniform`` (``flow.skip_uniform_groups``) a group whose rewards are all equal (no signal) is dropped, as a
+    swarm learner drops it, only when the step is covered without it: the groups waiting, this batch's other groups
+    with a signal and the uniform ones kept before it make ``share`` (``train.groups_per_step``). Counted as
+    ``dropped_uniform``; the others are admitted in their order."""
+    checked = []
     for g in groups:
         try:
-            buffer.add(verifier.check(decode_group(encode_group(g))), version)
+            g = verifier.check(decode_group(encode_group(g)))
+            buffer.check(g, version)
+            checked.append(g)
         except RecordError as e:
             buffer.counts[f"rejected/{e.reason}"] += 1
+    covered = len(buffer) + sum(not uniform(g.rewards) for g in checked)  # the step, uniform groups left out
+    for g in checked:
+        if uniform(g.rewards):
+            if skip_uniform and covered >= share:
+                buffer.seen.add(g.group_id)
+                buffer.counts["dropped_uniform"] += 1
+                continue
+            covered += 1
+        buffer.add(g, version)

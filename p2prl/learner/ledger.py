@@ -3,8 +3,9 @@
 Pure bookkeeping (no network, no torch, no threads: the learner's state, ``state.py``, calls it under its lock);
 the own groups on disk go through the small ``OwnGroupFiles`` store next to it.
 
-* ``states``: group id -> ``pending`` / ``trained`` / ``dropped``, what the ``acks`` protocol
-  answers. A group counts as done for its sampler only once it was trained or dropped.
+* ``states``: group id -> ``pending`` / ``trained`` / ``dropped`` (aged out: stale) / ``dropped/uniform``
+  (rewards all equal) / ``dropped/banned`` (its sampler banned), what the ``acks`` protocol answers. A group
+  counts as done for its sampler only once it was trained or dropped.
 * ``trained_at``: version -> (ids of the whole round's groups, this learner's own batch),
   for the last ``keep`` versions (and every tentative one).
 * ``tentative``: versions stepped alone while other learners may exist -> when. Their groups
@@ -32,7 +33,9 @@ from p2prl.rollout.record import Limits, RecordError, RolloutGroup, decode_group
 
 log = logging.getLogger(__name__)
 
-PENDING, TRAINED, DROPPED = "pending", "trained", "dropped"
+PENDING, TRAINED, DROPPED = "pending", "trained", "dropped"  # DROPPED: aged out of the staleness window
+DROPPED_UNIFORM = "dropped/uniform"  # rewards all equal (no signal), dropped as read (``drop_uniform``)
+DROPPED_BANNED = "dropped/banned"  # waiting when its sampler was banned (``drop_sampler``)
 
 
 class OwnGroupFiles:
@@ -181,14 +184,14 @@ class GroupLedger:
         ids = {g.group_id for g in self.buffer.pending if g.sampler == sampler}
         self.buffer.forget_trained(ids)  # out of the buffer, a resend is a duplicate
         for gid in ids:
-            self.states[gid] = DROPPED
+            self.states[gid] = DROPPED_BANNED
         return len(ids)
 
     def drop_uniform(self, g: RolloutGroup) -> None:
-        """``g`` (checked, verified) has rewards all equal and is not trained: answered ``dropped``, never queued (a
-        resend is a duplicate), counted as ``dropped_uniform``."""
+        """``g`` (checked, verified) has rewards all equal and is not trained: answered ``dropped`` (``acks``:
+        ``dropped/uniform``), never queued (a resend is a duplicate), counted as ``dropped_uniform``."""
         self.buffer.seen.add(g.group_id)
-        self.states[g.group_id] = DROPPED
+        self.states[g.group_id] = DROPPED_UNIFORM
         self.counts["dropped_uniform"] += 1
 
     def _dropped(self, g: RolloutGroup) -> None:

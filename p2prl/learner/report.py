@@ -49,9 +49,13 @@ def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
     return m
 
 
+OWN_SECTIONS = ("round/",)  # counters named under their own section in metrics.jsonl, not under ``admission/``
+
+
 def step_metrics(r: LearnerReport) -> dict[str, float]:
-    """The counters a step's line in ``metrics.jsonl`` carries besides the step's own metrics."""
-    m: dict[str, float] = {f"admission/{k}": c for k, c in r.counts.items()}
+    """The counters a step's line in ``metrics.jsonl`` carries besides the step's own metrics: the state's counters
+    under ``admission/``, except the gradient rounds' (``round/...``, as docs/architecture.md names them)."""
+    m: dict[str, float] = {k if k.startswith(OWN_SECTIONS) else f"admission/{k}": c for k, c in r.counts.items()}
     m["admission/queue_depth"] = r.queue_depth
     m.update(r.membership)
     m.update(r.spot)

@@ -262,9 +262,10 @@ class LearnerState:
                     "queue_depth": len(self._ledger.buffer), "bytes_in": self._bytes_in}
 
     def record_fields(self) -> dict:
-        """A peer record's ``queue_depth``, ``rejected``, ``sessions`` and ``sessions_left_out`` (the latter two for
-        withheld groups in ``p2prl status``)."""
+        """A peer record's ``queue_depth``, ``rejected``, ``uniform``, ``sessions`` and ``sessions_left_out`` (the
+        latter two for withheld groups in ``p2prl status``)."""
         with self._changed:
             sessions, left_out = self._sessions.summary()
-            return {"queue_depth": len(self._ledger.buffer), "rejected": group_totals(self._counts, 0)["rejected"],
-                    "sessions": sessions, "sessions_left_out": left_out}
+            totals = group_totals(self._counts, 0)
+            return {"queue_depth": len(self._ledger.buffer), "rejected": totals["rejected"],
+                    "uniform": totals.get("uniform", 0), "sessions": sessions, "sessions_left_out": left_out}

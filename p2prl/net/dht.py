@@ -78,15 +78,26 @@ def stop_on_signals() -> threading.Event:
     signal, because a DHT process dying mid-start-up leaves ``hivemind.DHT()`` waiting for
     ever. The parent stops it with ``shutdown_dht``. A peer still running ``SLOW_STOP_S`` after the signal prints
     every thread's stack to stderr (``faulthandler``): whatever holds its stop up.
+
+    The first signal is logged (``caught SIGTERM, shutting down``); a later one only at debug level. A peer stopped by
+    SIGTERM often gets a second one: a peer started by ``p2prl.procs`` (``die_with_parent``) gets SIGTERM from the
+    kernel when the process that started it exits, as a harness that signalled it and did not wait does.
     """
     stop, pid = threading.Event(), os.getpid()
+    caught: list[str] = []  # the signal that started the stop
 
     def handler(signum, _frame):
-        if os.getpid() == pid:
-            log.info("caught %s, shutting down", signal.Signals(signum).name)
-            if not stop.is_set():  # a stop that takes this long is a defect: what each thread waits on, for its report
-                faulthandler.dump_traceback_later(SLOW_STOP_S)
-            stop.set()
+        if os.getpid() != pid:
+            return
+        name = signal.Signals(signum).name
+        if caught:
+            log.debug("caught %s again (after %s): already shutting down", name, caught[0])
+            return
+        caught.append(name)
+        log.info("caught %s, shutting down", name)
+        if not stop.is_set():  # a stop that takes this long is a defect: what each thread waits on, for its report
+            faulthandler.dump_traceback_later(SLOW_STOP_S)
+        stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
@@ -434,6 +445,7 @@ class PeerRecord(_Record):
     session: str = Field("", pattern=r"^[0-9A-Za-z._-]{0,32}$", description="samplers: the session of its group ids")
     unread: int = Field(0, ge=0, le=10**12, description="samplers: groups of the session no learner has read yet")
     stale: int = Field(0, ge=0, le=10**12, description="samplers: groups made, then rejected or dropped as stale")
+    uniform: int = Field(0, ge=0, le=10**12, description="learners: groups dropped as uniform (rewards all equal)")
     authority: str = Field("", pattern=r"^([0-9a-f]{64})?$",
                            description="the run authority (trust.authority, hex) this peer checks; empty: none (open)")
 
@@ -446,7 +458,7 @@ class PeerRecord(_Record):
 
     def encode(self) -> bytes:
         # fields of protocol 5 and later are left out when empty, so that older peers (no such field) read the record
-        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority", "stale")
+        optional = ("metrics", "sessions", "sessions_left_out", "session", "unread", "authority", "stale", "uniform")
         return msgpack.packb(self.model_dump(exclude={f for f in optional if not getattr(self, f)}), use_bin_type=True)
 
 
@@ -504,4 +516,5 @@ class RunConfigRecord(_Record):
     sampling: dict[str, Scalar] = Field(max_length=64)
     algo: dict[str, Scalar] = Field(max_length=64)
     optim: dict[str, Scalar] = Field(max_length=64)
+    flow: dict[str, Scalar] = Field(default_factory=dict, max_length=16)  # empty: a record from before the section
 

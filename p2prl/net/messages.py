@@ -219,9 +219,9 @@ class AcksRequest:
 
 @dataclass(frozen=True)
 class AcksReply:
-    """A learner's states of the ids asked (``pending`` / ``trained`` / ``dropped`` / ``unknown``), its waiting
-    groups, its room for the asker (None when it did not say), its newest policy record and (authority runs) the
-    run record it holds."""
+    """A learner's states of the ids asked (``pending`` / ``trained`` / ``dropped`` (aged out: stale) /
+    ``dropped/uniform`` / ``dropped/banned`` / ``unknown``), its waiting groups, its room for the asker (None when
+    it did not say), its newest policy record and (authority runs) the run record it holds."""
 
     states: Mapping[str, str]
     queue: int

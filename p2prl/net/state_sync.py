@@ -107,6 +107,7 @@ class StateSync:
         ``min_bps``: an upload slower than this (after ``net.rpc_timeout_s``) is cut."""
         self.node, self.snapshot, self.epoch, self.min_bps = node, snapshot, epoch, min_bps
         self._shared: _Shared | None = None  # the snapshot the requests in flight are sent (shared)
+        self.bad_requests = 0  # ``state`` requests that did not parse
         self.limit = int(3 * max_weights_mb * 2**20)
         self.serve_timeout_s = node.transfer_timeout(int(3 * max_weights_mb * 1e6))
 
@@ -118,7 +119,7 @@ class StateSync:
         try:
             StateRequest.decode(await read_frame(reader, MAX_CONTROL_BYTES))
         except MessageError as e:
-            log.info("malformed state request from %s: %s", peer[-6:], e)
+            self.bad_request(peer, e)
             return
         shared = self._share()
         try:
@@ -129,6 +130,18 @@ class StateSync:
             shared.users -= 1
             if not shared.users and self._shared is shared:
                 self._shared = None  # nobody is sent it any more: free it
+
+    def bad_request(self, peer: str, e: MessageError) -> None:
+        """A ``state`` request that does not parse: counted (``trust/bad_request/state``), counted against the peer
+        (``bad_state_request``, toward a ban), logged (the first five, then every 100th) and left unanswered. One
+        over its bound never gets here: the node counts it against the peer as ``oversized_request``."""
+        self.bad_requests += 1
+        if self.node.limits is not None:
+            self.node.limits.count("bad_request/state")
+        if self.node.reputation is not None:
+            self.node.reputation.reject(peer, "bad_state_request")
+        if self.bad_requests <= 5 or self.bad_requests % 100 == 0:
+            log.warning("malformed state request from %s: %s (%d so far)", peer[-6:], e, self.bad_requests)
 
     def _share(self) -> _Shared:
         """The snapshot of the current state that requests in flight share (taken if there is none): many

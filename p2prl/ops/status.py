@@ -130,6 +130,7 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
             "banned": p.banned, "banned_ids": p.banned_ids, "rejected": p.rejected, "reward": p.reward, "acc": p.acc,
             "metrics": p.metrics, "withheld": gaps.get(p.peer_id) if p.role == "sampler" else None,
             "authority": p.authority or None, "stale": p.stale if p.role == "sampler" else None,
+            "uniform": p.uniform if p.role == "learner" else None,
         }
         for p in sorted(peers, key=lambda p: (p.role, p.peer_id))
     ]
@@ -139,7 +140,9 @@ def snapshot(node: SwarmNode, run_id: str, heartbeat_s: float = 5.0, batch: int 
             others.setdefault(r.run_id, Counter())[r.role] += 1
     trust = trust_view(node, run_id)
     stale = sum(r["stale"] or 0 for r in rows)  # groups samplers made and learners found too old to train
+    uniform = sum(r["uniform"] or 0 for r in rows)  # groups learners dropped as read: rewards all equal, no signal
     return {"run_id": run_id, "policy_version": version, "peers": rows, "trust": trust, "stale": stale,
+            "uniform": uniform,
             "other_runs": {k: dict(v) for k, v in sorted(others.items())}, "unchecked": unchecked(rows, trust)}
 
 
@@ -176,8 +179,9 @@ def render(snap: dict):
     table = Table(title=f"run {snap['run_id']!r}: policy version {v if v is not None else '-'}", box=box.SIMPLE_HEAD,
                   padding=(0, 1, 0, 0), pad_edge=False)
     stale = any(r.get("stale") for r in snap["peers"])  # a column only when a sampler wasted groups as stale
-    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", *["stale"] * stale,
-                "seen"):
+    uniform = any(r.get("uniform") for r in snap["peers"])  # ... and when a learner dropped groups as uniform
+    for col in ("role", "peer", "ver", "lag", "reward", "acc", "grp/s", "queue", "banned", *["uniform"] * uniform,
+                *["stale"] * stale, "seen"):
         left = col in ("role", "peer")  # never cut: a narrow terminal shrinks the numbers instead
         table.add_column(col, justify="left" if left else "right", no_wrap=left,
                          min_width=11 if col == "peer" else None)
@@ -186,10 +190,13 @@ def render(snap: dict):
         table.add_row(r["role"], "…" + r["peer_id"][-10:], str(r["policy_version"]), str(r["lag"]),
                       _num(r["reward"], ".3f") if learner else "", _num(r["acc"], ".3f") if learner else "",
                       f"{r['throughput']:.2f}", str(r["queue_depth"]), str(r["banned"]) if learner else "",
+                      *[str(r.get("uniform") or 0) if learner else ""] * uniform,
                       *["" if learner else str(r.get("stale") or 0)] * stale, f"{r['last_seen_s']:.0f}s")
     parts = [table if snap["peers"] else f"no live peers in run {snap['run_id']!r}"]
     if snap.get("stale"):  # work wasted: made, then too old to train (rejected stale or dropped from a queue)
         parts.append(f"stale waste: {snap['stale']} groups made by samplers were rejected or dropped as stale")
+    if snap.get("uniform"):  # not waste of the staleness rule: groups with no signal (flow.skip_uniform_groups)
+        parts.append(f"dropped as uniform: {snap['uniform']} groups (rewards all equal: no signal) by learners")
     for run, roles in snap["other_runs"].items():  # peers that announce another run id (a typo?)
         parts.append(f"run {run!r} (other run): " + ", ".join(f"{n} {role}" + "s" * (n > 1)
                                                                for role, n in sorted(roles.items())))

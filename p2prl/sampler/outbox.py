@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DONE_STATES = {"trained", "dropped", "rejected"}
+DROP_REASONS = ("uniform", "banned")  # ``dropped/<reason>`` in an ``acks`` reply: not stale waste
 UNREAD_REASONS = ("banned", "oversized", "internal")  # rejections that may come before a learner read the group's id
 GIVE_UP_FAILURES = 6  # failed exchanges in a row (about 25 s of back-off) before a live learner's groups go elsewhere
 
@@ -245,18 +246,18 @@ class Outbox:
             self.give_up(learner, others)
 
     def states(self, learner: str, ids: list[str], states: dict) -> list[str]:
-        """The states ``learner`` reports for ``ids``: groups trained, dropped or rejected leave, those it does not
-        know are sent again. Returns the ids reported trained."""
+        """The states ``learner`` reports for ``ids``: groups trained, dropped (``dropped``, ``dropped/uniform``,
+        ``dropped/banned``) or rejected leave, those it does not know are sent again. Returns the ids reported
+        trained."""
         trained = []
         for gid in ids:
             p = self.groups.get(gid)
             if p is None or p.learner != learner:  # settled or sent elsewhere while the request was out
                 continue
             state = states.get(gid, "unknown")
-            if state in DONE_STATES:
-                self.counts[f"acked/{state}"] += 1
-                if state == "dropped":  # aged out in the learner's queue: wasted
-                    self.counts["waste/stale"] += 1
+            status, _, reason = state.partition("/")  # ``dropped/uniform``: status and reason as a batch reply's
+            if status in DONE_STATES:
+                self._settled(status, reason)
                 del self.groups[gid]
                 if state == "trained":
                     trained.append(gid)
@@ -264,6 +265,17 @@ class Outbox:
                 self.counts["send/resend"] += 1
                 p.learner = None
         return trained
+
+    def _settled(self, status: str, reason: str) -> None:
+        """Count a group an ``acks`` reply settled: ``dropped`` with no reason (aged out in the learner's queue) is
+        stale waste; ``dropped/uniform`` (rewards all equal: no signal) and ``dropped/banned`` (waiting when that
+        learner banned this sampler) are not. Any other reason is counted as stale, under a fixed name."""
+        if status == "dropped" and reason in DROP_REASONS:
+            self.counts[f"acked/{reason}"] += 1
+            return
+        self.counts[f"acked/{status}"] += 1
+        if status == "dropped":
+            self.counts["waste/stale"] += 1
 
     # ---- failures -----------------------------------------------------------------------------------
     def failed(self, learner: str, what: str, now: float) -> None:

@@ -137,10 +137,12 @@ def format_summary(summary: dict) -> str:
     head = f"sampler stopped: {made} groups made, {accepted} accepted by learners, {trained} confirmed trained"
     if awaiting:
         head += f", {awaiting} still awaiting the learner's confirmation"
-    uniform = summary.get("acked/uniform", 0)
+    uniform, banned = summary.get("acked/uniform", 0), summary.get("acked/banned", 0)
     lines = [head + "".join(f", {n} {what}" for n, what in ((dropped, "dropped as stale"), (rejected, "rejected"),
                                                             (uniform, "dropped as uniform (rewards all equal: no "
-                                                                      "signal)")) if n)]
+                                                                      "signal)"),
+                                                            (banned, "dropped by a learner that banned this sampler"))
+                            if n)]
     if summary.get("generation_s"):
         per = per_trained(summary["generation_s"], trained)
         each = f"{per:.2f} s per group confirmed trained" if per is not None else "no group confirmed trained"

@@ -2,7 +2,8 @@
 
 Learners publish a ``RunConfigRecord`` with their heartbeat. A sampler compares the model (base hash and LoRA settings),
 task and sampling settings with every live learner's record before it generates anything;
-a learner compares those and the algorithm and optimizer settings before it trains. A
+a learner compares those, the algorithm and optimizer settings and the flow keys that change what it trains
+(``FLOW_KEYS``) before it trains. A
 mismatch stops the peer with both values of every differing key, instead of letting it
 produce records the run rejects one by one.
 
@@ -33,12 +34,13 @@ from p2prl.net.dht import RunConfigRecord
 from p2prl.tasks import Task
 
 SAMPLER_SECTIONS = ("model", "lora", "task", "sampling")
-LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim")
+LEARNER_SECTIONS = (*SAMPLER_SECTIONS, "algo", "optim", "flow")
 # sampling keys each peer chooses (how it generates, not what)
 PEER_LOCAL = ("backend", "vllm_dtype", "vllm_kv_cache_gib")
 RUN_FILE = "run.json"  # in train.out_dir: the run its learner was part of
 WAIT_LOG_S = 60.0  # a learner waiting for the run to join says so again this often
 LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_targets")
+FLOW_KEYS = ("skip_uniform_groups",)  # the flow keys that change what learners train (samplers need not agree)
 OPTIM_KEYS = ("steps", "groups_per_step", "lr", "warmup_frac", "lr_schedule", "lr_min_frac", "lr_steps",
               "weight_decay", "max_grad_norm")
 
@@ -62,6 +64,7 @@ def run_config(cfg: Config, task: Task) -> RunConfigRecord:
         task=task.fingerprint(),
         sampling={k: v for k, v in cfg.sampling.model_dump().items() if k not in PEER_LOCAL},
         algo=cfg.algo.model_dump(), optim={k: getattr(cfg.train, k) for k in OPTIM_KEYS},
+        flow={k: getattr(cfg.flow, k) for k in FLOW_KEYS},
     )
 
 
@@ -79,6 +82,8 @@ def differences(run: RunConfigRecord, mine: RunConfigRecord, sections: tuple[str
     out = []
     for s in sections:
         a, b = getattr(run, s), getattr(mine, s)
+        if s == "flow" and not a:  # a record from before the section (a run authority's, signed then): not compared
+            continue
         if s == "model" and a != b:
             out.append(model_difference(run, mine))
         elif isinstance(a, dict):

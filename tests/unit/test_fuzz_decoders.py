@@ -282,6 +282,27 @@ def test_fuzz_state_damaged_bytes(data):
     check_decode_state(damage(b"".join(encode_state(valid_state(), b"w" * 32, b"opt")), data))
 
 
+@FUZZ
+@given(st.one_of(st.binary(max_size=512), VALUES.map(pack)))
+def test_fuzz_state_request_a_malformed_one_is_counted_and_held_against_the_peer(raw):
+    from p2prl.net.state_sync import StateSync
+
+    limits = SimpleNamespace(counts=Counter())
+    limits.count = lambda what: limits.counts.update([what])
+    node = SimpleNamespace(transfer_timeout=lambda nbytes: 5.0, limits=limits, reputation=Reputation(TrustConfig()),
+                           cfg=SimpleNamespace(rpc_timeout_s=5.0))
+    sync = StateSync(node, 1.0, snapshot=lambda: (valid_state(), b"w" * 32, b"opt"), epoch=lambda: 0)
+    w = serve(lambda r, w: sync.on_state(PEER, r, w), raw)
+    try:
+        unpack_map(raw, {})
+    except ValueError:
+        assert sync.bad_requests == 1 and limits.counts == Counter({"bad_request/state": 1}) and w.data == b""
+        assert node.reputation.peers[PEER].reasons == Counter({"bad_state_request": 1})
+        return
+    assert not sync.bad_requests and not limits.counts and PEER not in node.reputation.peers
+    assert decode_state(w.data[8:]).version == 4  # a map: answered with the state
+
+
 def test_fuzz_inputs_include_a_valid_state_and_record():
     """The mutation tests start from messages that do decode (else they would fuzz nothing)."""
     assert decode_state(b"".join(encode_state(valid_state(), b"w" * 32, b"opt"))).version == 4

@@ -68,7 +68,7 @@ def test_rejections_and_flags_count_in_the_one_counter(state):
     admit(state, "s/a")
     assert state.reject("malformed") == 1 and state.reject("malformed") == 2
     assert state.reject("logprob_mismatch", banned="s") == 1  # its waiting group is dropped
-    assert state.states_of(["s/a"]) == {"s/a": "dropped"}
+    assert state.states_of(["s/a"]) == {"s/a": "dropped/banned"}
     assert state.flag("round/too_many_learners") and not state.flag("round/too_many_learners")
     state.received(100)
     report = state.report()

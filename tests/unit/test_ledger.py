@@ -359,7 +359,16 @@ def test_a_banned_samplers_waiting_groups_are_dropped_but_not_those_to_retrain(l
     ledger.admit(other, 0)
     ledger.buffer.requeue([group("s/0", 0)], first=True)  # of a lost history: trained and acknowledged before
     assert ledger.drop_sampler("s") == 2
-    assert ledger.states_of(["s/1", "s/2", "t/1"]) == {"s/1": "dropped", "s/2": "dropped", "t/1": "pending"}
+    # answered apart from groups aged out (``dropped``): no stale waste of their sampler's
+    assert ledger.states_of(["s/1", "s/2", "t/1"]) == {"s/1": "dropped/banned", "s/2": "dropped/banned",
+                                                       "t/1": "pending"}
     assert ids(ledger.buffer.pending) == ["t/1"] and ids(ledger.buffer.first) == ["s/0"]
     with pytest.raises(Exception, match="duplicate"):
         ledger.check(group("s/1", 0), 0)  # a resend is a duplicate, never trained
+
+
+def test_a_group_aged_out_of_the_window_is_answered_dropped_with_no_reason(ledger):
+    ledger.publish(0, SHA[0])
+    ledger.admit(group("s/1", 0), 0)
+    ledger.buffer.evict_stale(WINDOW + 1)  # the window has passed it: dropped as stale
+    assert ledger.states_of(["s/1"]) == {"s/1": "dropped"}

@@ -111,6 +111,8 @@ PINNED = [
      pack({"states": {"S/1": "trained"}, "queue": 2, "free": 7, "policy": POLICY.encode(),
            "run_record": RUN.encode()})),
     (AcksReply({}, 0), pack({"states": {}, "queue": 0})),
+    (AcksReply({"S/1": "dropped", "S/2": "dropped/uniform", "S/3": "dropped/banned"}, 0),
+     pack({"states": {"S/1": "dropped", "S/2": "dropped/uniform", "S/3": "dropped/banned"}, "queue": 0})),
     (LeaseRequest(4, 1.5, 7), pack({"want": 4, "rate": 1.5, "version": 7})),
     (LeaseRequest(4, 1.5, 7, 5.0), pack({"want": 4, "rate": 1.5, "version": 7, "wait_s": 5.0})),
     (LeaseReply(3, 4, 14, 6.0, 0.5, 7, 2, POLICY, RUN),

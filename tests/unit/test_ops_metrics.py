@@ -77,6 +77,9 @@ def test_a_steps_metrics_line_and_the_summary_read_the_same_counters():
     m = step_metrics(r)
     assert m["admission/admitted"] == 9 and m["admission/queue_depth"] == 3 and m["membership/hello_failed"] == 1
     assert m["spot/passed"] == 5 and m["trust/bans"] == 2 and m["net/dht_errors"] == 2
+    # the gradient rounds' counters under their own section, as the docs name them (round/no_round, ...)
+    assert m["round/no_round"] == 4 and m["round/bad_member/non_finite"] == 1 and m["admission/sync/loaded"] == 1
+    assert not any(k.startswith("admission/round/") for k in m)
     log = [{"version": 1, "groups": [["s/1", 0, "x"], ["s/2", 0, "x"]]}, {"version": 2, "groups": [], "loaded_from": "L"}]
     s = summary(r, log, {"steps": 7})
     assert s["version"] == 7 and s["steps"] == 7 and s["groups"]["trained"] == 2 and s["membership"] == {"hello_failed": 1}

@@ -61,6 +61,18 @@ def test_samplers_share_model_task_and_sampling_learners_also_algo_and_optim():
     check({}, record("sampling.group_size=4"), "sampler", "r")  # no learner yet: nothing to compare
 
 
+def test_learners_of_a_run_agree_on_skipping_uniform_groups_samplers_need_not():
+    run = {"l": record()}
+    assert record().flow == {"skip_uniform_groups": True}
+    check(run, record("flow.skip_uniform_groups=false"), "sampler", "r")
+    with pytest.raises(RunConfigMismatch, match="flow.skip_uniform_groups: the run has True, this peer has False"):
+        check(run, record("flow.skip_uniform_groups=false"), "learner", "r")
+    check(run, record("flow.max_learner_queue=32"), "learner", "r")  # how a learner paces its queue is its own
+    old = record().model_copy(update={"flow": {}})  # from before the section (a run record signed then)
+    assert RunConfigRecord.decode(old.encode()).flow == {}
+    check({"l": old}, record("flow.skip_uniform_groups=false"), "learner", "r")
+
+
 def test_group_size_one_is_refused():
     with pytest.raises(ConfigError, match="group_size=1.*always zero"):
         config("sampling.group_size=1")

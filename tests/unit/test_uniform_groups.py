@@ -61,7 +61,8 @@ def test_a_uniform_group_is_dropped_unqueued_once_the_next_step_is_covered(tmp_p
     assert send(lrn, group(4, ONES), group(5, ZEROS), group(6)) == [("dropped", "uniform"), ("dropped", "uniform"),
                                                                     ("accepted", "")]
     assert lrn.state.depth() == 5 and lrn.room(S) == 3  # they took no room
-    assert lrn.state.states_of([f"{S}/s/4", f"{S}/s/6"]) == {f"{S}/s/4": "dropped", f"{S}/s/6": "pending"}
+    # an ``acks`` request tells it from a group aged out (``dropped``, stale waste)
+    assert lrn.state.states_of([f"{S}/s/4", f"{S}/s/6"]) == {f"{S}/s/4": "dropped/uniform", f"{S}/s/6": "pending"}
     assert send(lrn, group(4, ONES)) == [("duplicate", "")]  # a resend
     counts = lrn.state.report()["counts"]
     assert counts["dropped_uniform"] == 2 and counts["admitted"] == 5 and not any(k.startswith("rejected/")
@@ -119,6 +120,37 @@ def test_withholding_is_still_detected_with_the_skip_on(tmp_path):
     lrn.admission.shutdown()
 
 
+def test_status_shows_the_groups_learners_dropped_as_uniform(tmp_path):
+    from rich.console import Console
+
+    from p2prl.net.dht import PeerRecord
+    from p2prl.trust.authority import Trust
+
+    lrn = learner(tmp_path)
+    send(lrn, *(group(n) for n in range(4)))
+    send(lrn, group(4, ONES), group(5, ZEROS))
+    fields = lrn.state.record_fields()
+    assert fields["uniform"] == 2
+    L = "12D3KooWlearner"
+    rec = new_record("learner", "test", L, policy_version=2, throughput=1.0, **fields)
+    assert PeerRecord.decode(rec.encode()).uniform == 2
+    idle = new_record("learner", "test", "12D3KooWother", policy_version=2, throughput=0.0, queue_depth=0)
+    assert b"uniform" not in idle.encode()  # left out when 0
+    sampler = new_record("sampler", "test", S, policy_version=2, throughput=0.0, queue_depth=0)
+    node = SimpleNamespace(peers=lambda: [rec, idle, sampler], latest_policy=lambda: None, refresh_trust=lambda: None,
+                           runs=lambda: {}, run_configs=lambda: {}, run_records=lambda run_id: {},
+                           trust=Trust("", "test"))
+    node.records = node
+    snap = status.snapshot(node, "test")
+    assert snap["uniform"] == 2 and [r["uniform"] for r in snap["peers"]] == [2, 0, None]
+    console = Console(width=200, record=True)
+    console.print(status.render(snap))
+    text = console.export_text()
+    assert "dropped as uniform: 2 groups (rewards all equal: no signal) by learners" in text
+    assert "uniform" in text.splitlines()[2]  # the table's column
+    lrn.admission.shutdown()
+
+
 def test_the_sampler_counts_groups_dropped_as_uniform_and_settles_them_at_once():
     box = Outbox(load_config(None, []).flow, 4, backoff=lambda n: 1.0)
     for n in range(3):
@@ -129,6 +161,26 @@ def test_the_sampler_counts_groups_dropped_as_uniform_and_settles_them_at_once()
                                                                ("dropped", "")], 1, 10, 0.1, 0.0)
     assert len(box) == 1 and box.counts["acked/uniform"] == 1 and box.counts["acked/dropped"] == 1
     assert box.to_ask({"L"}, set()) == {"L": [f"{S}/s/0"]}
+
+
+def test_the_sampler_counts_uniform_and_banned_drops_an_acks_reply_tells_apart_from_stale_ones():
+    """A uniform group whose batch reply was lost, or one waiting when the learner banned this sampler, is settled by
+    an ``acks`` reply: neither is stale waste (``dropped``, with no reason, is)."""
+    box = Outbox(load_config(None, []).flow, 4, backoff=lambda n: 1.0)
+    for n in range(4):
+        g = group(n)
+        box.add(g, encode_group(g))
+    ids = [f"{S}/s/{n}" for n in range(4)]
+    _, batch = box.next_batch([SimpleNamespace(peer_id="L", queue_depth=0, throughput=0.0)], 1.0, 0.0, 10**6)
+    box.batch_unanswered("L", [p.group.group_id for p in batch], "no reply", 0.0)
+    states = dict(zip(ids, ["dropped/uniform", "dropped/banned", "dropped", "dropped/what"]))
+    assert box.states("L", ids, states) == [] and len(box) == 0
+    assert (box.counts["acked/uniform"], box.counts["acked/banned"], box.counts["acked/dropped"]) == (1, 1, 2)
+    assert box.counts["waste/stale"] == 2  # aged out, and a reason this sampler does not know (a fixed name)
+    text = format_summary({"groups_made": 4, "send/accepted": 0, **box.counts})
+    assert text.splitlines()[0] == ("sampler stopped: 4 groups made, 0 accepted by learners, 0 confirmed trained, "
+                                    "2 dropped as stale, 1 dropped as uniform (rewards all equal: no signal), "
+                                    "1 dropped by a learner that banned this sampler")
 
 
 def test_summaries_name_uniform_groups_and_generation_time_per_trained_group():
@@ -172,3 +224,27 @@ def test_prompt_signal_ranks_prompts_likely_to_carry_signal_first_and_is_bounded
     assert sig.rank([1, 9]) == [9, 1]  # a prompt never seen scores the prior, above one always solved
     sig.note(4, np.zeros(8))
     assert list(sig.seen) == [2, 3, 4]  # the least recently seen forgotten
+
+
+def test_p2prl_train_drops_a_uniform_group_only_when_the_step_is_covered_without_it():
+    """One process (``p2prl train``): the swarm learner's rule, its queue being the groups waiting and the batch's
+    other groups; counted as the swarm's are, and named in the summary."""
+    from p2prl.rollout.admission import AdmissionBuffer
+    from p2prl.train import _admit
+
+    verifier = SimpleNamespace(check=lambda g: g)
+    buf = AdmissionBuffer(8)
+    _admit([group(0, ZEROS), group(1), group(2), group(3, ONES)], verifier, buf, 2, 4, skip_uniform=True)
+    assert len(buf) == 4 and not buf.counts["dropped_uniform"]  # nothing waiting: they fill the step
+    assert len(buf.select(2, 2)) == 2  # two left waiting (as after a batch short of a step)
+    _admit([group(4, ZEROS), group(5), group(6), group(7, ONES)], verifier, buf, 2, 4, skip_uniform=True)
+    assert buf.counts["dropped_uniform"] == 2 and [g.group_id for g in buf.pending] == [
+        f"{S}/s/{n}" for n in (2, 3, 5, 6)]
+    _admit([group(4, ZEROS)], verifier, buf, 2, 4, skip_uniform=True)
+    assert buf.counts["rejected/duplicate"] == 1  # dropped, never trained later
+    assert group_totals(buf.counts, 4)["uniform"] == 2
+    kept = AdmissionBuffer(8)
+    kept.add(group(0), 2)
+    kept.add(group(1), 2)
+    _admit([group(4, ZEROS), group(5), group(6), group(7, ONES)], verifier, kept, 2, 4, skip_uniform=False)
+    assert len(kept) == 6 and not kept.counts["dropped_uniform"]  # the key off: trained as before
