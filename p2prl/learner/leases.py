@@ -9,7 +9,8 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
   turnaround from grant to admission over the time a step takes once its groups are there, ``stepped``, times
   ``share``; before a turnaround is measured, ``lead``: the asking sampler's time to make its part at its reported
   rate; either at most ``room`` steps, so the window still bounds staleness): groups still being generated or sent
-  no longer leave it dry when they take about as long as its steps. What it hands out is that ``demand`` less what waits and less what live leases still owe (``owed``);
+  no longer leave it dry when they take about as long as its steps. What it hands out is that ``demand`` less what
+  waits and less what live leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
