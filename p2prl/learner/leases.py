@@ -5,12 +5,10 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 
 * demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
   at least one share: the ``rollouts`` queue bound) and, once its pace is known and while less than a step waits,
-  leases ahead what it trains while leased groups are on their way (``in_flight``, Little's law: the measured
-  turnaround from grant to admission over the time a step takes once its groups are there, ``stepped``, times
-  ``share``; before a turnaround is measured, ``lead``: the asking sampler's time to make its part at its reported
-  rate; either at most ``room`` steps, so the window still bounds staleness): groups still being generated or sent
-  no longer leave it dry when they take about as long as its steps. What it hands out is that ``demand`` less what
-  waits and less what live leases still owe (``owed``);
+  leases ahead what it trains while a lease is being made (``lead``: the asking sampler's time to make its part at
+  its reported rate, in the learner's steps, times ``share``; at most ``room`` steps, so the window still bounds
+  staleness): groups still being generated no longer leave it dry when generation takes about as long
+  as its steps. What it hands out is that ``demand`` less what waits and less what live leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
@@ -39,8 +37,8 @@ tests/unit/test_leases.py.
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass, field
+from collections import Counter, OrderedDict
+from dataclasses import dataclass
 
 LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to fill it at its reported rate
 FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
@@ -79,7 +77,6 @@ class Account:
     expires_at: float
     granted: int = 0  # groups granted since the account opened
     delivered: int = 0  # of them, admitted
-    grants: deque = field(default_factory=deque)  # [when, groups not yet delivered] of each grant, oldest first
 
 
 class LeaseBook:
@@ -104,8 +101,6 @@ class LeaseBook:
         self._owed = 0
         self._next_id = 1
         self.version, self.version_at, self.step_s = -1, None, None  # the learner's pace, from the versions seen
-        self.busy_s: float | None = None  # seconds a step takes once its groups are there (``stepped``)
-        self.turnaround_s: float | None = None  # seconds from a group's grant to its admission, smoothed
 
     def resize(self, share: int, queue_steps: float, max_queue: int) -> None:
         """This learner's share of a step (it changes with the number of learners) and the queue's bound: the
@@ -133,24 +128,8 @@ class LeaseBook:
 
     def total(self, rate: float = 0.0) -> int:
         """Groups the learner wants waiting or owed, for an asker at ``rate``: its target and what it trains while
-        leased groups are on their way (``in_flight``: once a lease's turnaround was measured), or while the asker
-        makes an equal part of the target (``lead``: before)."""
-        if self.turnaround_s is not None and self.pace() is not None:
-            return self.target + self.in_flight()
+        the asker makes an equal part of the target (``lead``)."""
         return self.target + self.lead(math.ceil(self.target / max(1, len(self.askers))), rate)
-
-    def pace(self) -> float | None:
-        """Seconds a step of the learner takes when its groups are there (measured, ``stepped``), else between the
-        versions it reached (which a learner waiting for groups stretches)."""
-        return self.busy_s or self.step_s
-
-    def in_flight(self) -> int:
-        """Groups the learner trains while a leased group is on its way (Little's law: its steps a second times the
-        measured turnaround from grant to admission), at most ``room`` steps' worth."""
-        pace = self.pace()
-        if self.turnaround_s is None or not pace:
-            return 0
-        return math.ceil(min(self.turnaround_s / pace, self.room) * self.share)
 
     def fair_part(self, rate: float = 0.0) -> int:
         """What one sampler may owe at most: an equal part of the ``total`` among the samplers that asked lately."""
@@ -203,7 +182,6 @@ class LeaseBook:
             acc = self.accounts[sampler] = Account(self._next_id, 0, until, now + life)
             self._next_id += 1
         acc.owed, acc.granted, self._owed = acc.owed + groups, acc.granted + groups, self._owed + groups
-        acc.grants.append([now, groups])
         acc.until_version, acc.expires_at = until, now + life
         self.counts["granted"] += 1
         self.counts["granted_groups"] += groups
@@ -217,7 +195,6 @@ class LeaseBook:
         self.counts["unleased"] += n - paid
         if not paid:
             return 0
-        self._turnaround(acc, paid, now)
         acc.owed, acc.delivered, self._owed = acc.owed - paid, acc.delivered + paid, self._owed - paid
         self.counts["delivered"] += paid
         if acc.owed == 0:
@@ -282,27 +259,7 @@ class LeaseBook:
         the learner is that much further on; ``share``: the groups a step takes, by default the book's)."""
         return version + waiting // max(1, share or self.share) - group_version > self.window
 
-    def stepped(self, seconds: float) -> None:
-        """A step took ``seconds`` from the moment its groups were taken from the queue to its commit."""
-        if seconds > 0:
-            self.busy_s = seconds if self.busy_s is None else 0.7 * self.busy_s + 0.3 * seconds
-
     # ---- inside -----------------------------------------------------------------------------------------
-    def _turnaround(self, acc: Account, paid: int, now: float) -> None:
-        """``paid`` groups of ``acc`` admitted at ``now``: the time since their grants (oldest grant first) goes
-        into the smoothed turnaround."""
-        waited, left = 0.0, paid
-        while left and acc.grants:
-            when, n = acc.grants[0]
-            k = min(n, left)
-            waited, left = waited + k * (now - when), left - k
-            if k == n:
-                acc.grants.popleft()
-            else:
-                acc.grants[0][1] = n - k
-        t = waited / paid
-        self.turnaround_s = t if self.turnaround_s is None else 0.8 * self.turnaround_s + 0.2 * t
-
     def _close(self, sampler: str, outcome: float) -> None:
         acc = self.accounts.pop(sampler)
         if acc.granted:

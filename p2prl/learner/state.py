@@ -42,7 +42,6 @@ class LearnerState:
         # called (on the training thread, after the lock) when demand for work may have grown: groups left the queue
         # for a step, or a version was committed (leases past it end); the intake wakes the lease requests it holds
         self.on_demand: Callable[[], None] = lambda: None
-        self._taken_at: float | None = None  # when the training loop took its step's groups (``take``'s ``now``)
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -173,12 +172,10 @@ class LearnerState:
             return self._ledger.states_of(ids)
 
     # ---- the training loop ------------------------------------------------------------------------
-    def take(self, share: int, full: int, version: int, join: bool, wait_s: float,
-             now: float | None = None) -> list[RolloutGroup] | None:
+    def take(self, share: int, full: int, version: int, join: bool, wait_s: float) -> list[RolloutGroup] | None:
         """A batch of this learner's ``share`` (``full``: the swarm-wide batch, for the retrain backlog) by the
         admission rule at ``version``; ``join``: else whatever is here (possibly nothing). None after waiting up to
-        ``wait_s`` for an admission. ``now``: on the clock ``commit`` is given, to time the step
-        (``LeaseBook.stepped``)."""
+        ``wait_s`` for an admission."""
         with self._changed:
             buffer = self._ledger.buffer
             share = self._ledger.take_size(share, full)
@@ -187,8 +184,6 @@ class LearnerState:
                 batch = buffer.select(min(share, len(buffer)), version)  # join the round with what is here
             if batch is None:
                 self._changed.wait(timeout=wait_s)
-            elif now is not None:
-                self._taken_at = now
         if batch:
             self.on_demand()
         return batch
@@ -209,9 +204,6 @@ class LearnerState:
         with self._changed:
             self._lags.update(v - 1 - g.policy_version for g in batch)
             self._ledger.record(v, ids, batch, confirmed, now)
-            if self._taken_at is not None:
-                self._leases.stepped(now - self._taken_at)
-                self._taken_at = None
         self.on_demand()
 
     def settle(self, confirmed: int, before: float) -> None:

@@ -7,9 +7,8 @@ loop thread; ``LearnerLink.ask_lease`` (``delivery.py``) turns its decisions int
 
 * one lease at a time, from one learner: ``groups`` to make, while the learner's version is at most
   ``until_version``, for ``life_s`` seconds from the reply;
-* a generation call makes at most what the lease still owes, a loop's batch (``train.groups_per_step``) and what the
-  sampler makes in a ``CALL_SHARE`` of the lease's life left at its measured rate (one group before it measured one),
-  so a call ends well inside the lease
+* a generation call makes at most what the lease still owes and what the sampler makes in a ``CALL_SHARE`` of the
+  lease's life left at its measured rate (one group before it measured one), so a call ends well inside the lease
   (a learner sizes a lease's life to three times what the sampler needs: a fresh lease is one call);
 * the lease ends when it is filled, its life is over, a learner's version passed its ``until_version``, or its
   learner is gone (not a learner of the run any more, or given up on after failed exchanges): the sampler asks
@@ -135,8 +134,7 @@ class LeaseHolder:
             return 0
         if self.rate <= 0:
             return 1  # a first call measures the rate
-        # at most a loop's batch (``first_want``): a longer call would only hold back the groups made first
-        return max(1, min(h.owed, self.first_want, math.floor(self.rate * CALL_SHARE * max(0.0, h.expires_at - now))))
+        return max(1, min(h.owed, math.floor(self.rate * CALL_SHARE * max(0.0, h.expires_at - now))))
 
     def made(self, n: int, seconds: float) -> None:
         """``n`` groups made in ``seconds`` under the lease held (its learner is the one to send them to)."""

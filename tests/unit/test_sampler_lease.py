@@ -128,7 +128,7 @@ def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplo
     assert [(p, n, r.want, r.version) for p, n, r in node.calls] == [("L1", "lease", 4, 5)]
     assert lnk.lease.learner == "L1" and heard == [("L1", None, None)]
     lnk.lease.made(1, 0.5)
-    assert lnk.work(version=5, newest=5) == 4 and len(node.calls) == 1  # the lease held: no request; a loop's batch
+    assert lnk.work(version=5, newest=5) == 5 and len(node.calls) == 1  # the lease held: no request
     node.reply = LeaseReply(0, 0, 9, 0.0, 4.0, 5, 8)
     lnk.lease.made(5, 2.5)  # filled: it asks again, and the run has enough samplers now
     assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle and len(node.calls) == 2
@@ -142,15 +142,12 @@ def test_a_call_that_fills_the_lease_asks_for_more_as_it_starts_and_one_request_
     lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
     assert lnk.work(version=5, newest=5) == 1
     lnk.lease.made(1, 0.5)  # 5 owed, 2 groups a second
-    assert lnk.work(version=5, newest=5) == 4  # a loop's batch (train.groups_per_step) at most
-    lnk.renew(4, version=5)  # 1 left after this call: no request yet
-    lnk.lease.made(4, 2.0)
-    assert lnk.work(version=5, newest=5) == 1 and len(node.calls) == 1
+    assert lnk.work(version=5, newest=5) == 5
     node.reply = None  # the learner holds the next request (no work yet)
-    lnk.renew(1, version=5)  # this call fills the lease: more asked for now, of the same learner, with a long poll
+    lnk.renew(5, version=5)  # this call fills the lease: more asked for now, of the same learner, with a long poll
     assert [(p, r.wait_s) for p, _, r in node.calls[1:]] == [("L1", LEASE_WAIT_S)] and lnk.leasing is not None
-    lnk.renew(1, version=5)
-    lnk.lease.made(1, 0.5)  # filled while the request is out: no second request
+    lnk.renew(5, version=5)
+    lnk.lease.made(5, 2.5)  # filled while the request is out: no second request
     assert lnk.work(version=5, newest=5) == 0 and len(node.calls) == 2 and not lnk.lease.idle
     lnk.leasing.reply.set_result(LeaseReply(3, 4, 13, 20.0, 1.0, 5, 0))  # the learner had work again
     assert lnk.work(version=5, newest=5) == 4 and lnk.leasing is None and lnk.lease.held.until_version == 13
