@@ -380,8 +380,9 @@ class FlowConfig(_Section):
     pull_work: bool = False
     """Samplers ask learners for leases and generate only the work leased to them (docs/protocol.md, `lease`), instead
     of generating a loop's batch (train.groups_per_step) at a time and pushing it, waiting on `busy`. Off by default:
-    leases cut stale waste to about none, but cost throughput where round trips are long or samplers share a core
-    (docs/results.md, "Scale"; docs/architecture.md, "Scale"). Learners serve leases either way."""
+    leases cut stale waste to about none and keep the pace of a local swarm or an emulated-latency one, but with many
+    samplers whose daemons saturate their core they trained fewer groups a second than pushed work (docs/results.md,
+    "Scale"; docs/architecture.md, "Scale"). Learners serve leases either way."""
     skip_uniform_groups: bool = True
     """A learner whose queue already holds its next step drops a group whose rewards are all equal (every advantage
     0: no signal) instead of queueing it, and answers it `dropped` (reason `uniform`); while it lacks groups for its
