@@ -200,7 +200,7 @@ class LearnerLink:
             return self.cfg.train.groups_per_step if answering else 0
         usable = self.outbox.usable(leasing, time.time())
         while True:  # a reply already there (another learner asked at once after one with no work)
-            self.take_lease(version)
+            self.take_lease()
             now = time.monotonic()
             if self.lease.check({r.peer_id for r in leasing}, newest, now):
                 self.lease.retry_at = now  # ask another learner at once
@@ -235,7 +235,7 @@ class LearnerLink:
         call.reply.add_done_callback(lambda _f: setattr(call, "done_at", time.monotonic()))
         self.leasing = call
 
-    def take_lease(self, version: int) -> None:
+    def take_lease(self) -> None:
         """The reply of the ``lease`` request in flight, if it came. A reply from a peer the run's trust does not take
         as a learner, or one that does not decode, is refused as forged; a failed request backs off from that
         learner."""
