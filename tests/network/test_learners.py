@@ -219,28 +219,29 @@ def test_groups_of_a_lost_history_are_retrained(peers, tmp_path):
 LEARNED_BY = 120  # the soak model is past base + 0.1 by then (base 0.27; 0.55-0.63 at v80, 0.81-0.84 at v100 in 3 soaks)
 
 
-@pytest.fixture(scope="module")
-def soak(tmp_path_factory):
-    """About three minutes of random SIGKILLs and restarts of samplers and learners (seeded).
+@pytest.fixture(scope="module", params=["pushed", "pulled"])
+def soak(request, tmp_path_factory):
+    """About three minutes of random SIGKILLs and restarts of samplers and learners (seeded), with work pushed (the
+    default) and pulled (``flow.pull_work``: a learner killed while its leases are out, their work goes elsewhere).
 
     Two learners and two samplers (more processes than that overload a 2-core machine so much
     that peers time out on each other). Learners keep their identity and out dir across restarts.
     """
-    tmp_path = tmp_path_factory.mktemp("soak")
+    tmp_path = tmp_path_factory.mktemp(f"soak-{request.param}")
     peers = Peers(tmp_path)
     try:
-        yield churn(peers, tmp_path)
+        yield churn(peers, tmp_path, [f"flow.pull_work={str(request.param == 'pulled').lower()}"])
     finally:
         peers.close()
 
 
-def churn(peers: Peers, tmp_path: Path) -> dict:
+def churn(peers: Peers, tmp_path: Path, extra: list[str]) -> dict:
     rng = random.Random(0)
     maddr = peers.bootstrap()
     learners = {x: tmp_path / x for x in ("l0", "l1")}
     samplers = ["s0", "s1"]
     acks = {s: tmp_path / f"{s}.acks" for s in samplers}
-    settings = [*LEARNERS, "train.steps=100000", "train.eval_every=20", "task.heldout_size=128"]
+    settings = [*LEARNERS, "train.steps=100000", "train.eval_every=20", "task.heldout_size=128", *extra]
     starts: dict[str, int] = {}
 
     def start(name):

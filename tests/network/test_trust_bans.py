@@ -89,8 +89,11 @@ def test_forged_groups_from_fresh_ids_cost_one_spot_check_each_then_a_ban(peers,
     so the flooder does not spin); the learner keeps training."""
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
-    # forged groups name the newest version the DHT shows, a moment old: none is dropped as stale before its check
-    peers.join("learner", "learner", maddr, "train.steps=1000", "staleness.max_staleness=64", out=out)
+    # forged groups name the newest version the DHT shows, a moment old: none is dropped as stale before its check;
+    # their rewards are all 0 (random text), so a learner that skips uniform groups would drop them unchecked
+    # whenever its queue held its next step (a matter of timing): here every one of them reaches the spot check
+    peers.join("learner", "learner", maddr, "train.steps=1000", "staleness.max_staleness=64",
+               "flow.skip_uniform_groups=false", out=out)
     peers.join("s0", "sampler", maddr)
 
     def version() -> int:
