@@ -42,8 +42,8 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     path: str = Field("builtin")
     """Local Hugging Face model folder, or a shipped tiny model: 'builtin' (the addition task's base),
-    'builtin:addition-scratchpad' (the scratchpad task's), 'builtin:math' (the word-problem math base), 'builtin:smollm2'
-    (SmolLM2-135M-Instruct, imported by `python -m p2prl.policy.smollm2`)."""
+    'builtin:addition-scratchpad' (the scratchpad task's), 'builtin:math' (the word-problem math base),
+    'builtin:smollm2' (SmolLM2-135M-Instruct, imported by `python -m p2prl.policy.smollm2`)."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N."""
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32")
