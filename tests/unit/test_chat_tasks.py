@@ -133,3 +133,13 @@ def test_every_instruction_prompt_states_its_constraint():
         kind, arg = p.answer
         assert kind in PROMPTS and (arg is None or str(arg) in p.prompt)
         assert any(p.prompt == PROMPTS[kind].format(topic=t, arg=arg) for t in TOPICS)
+
+
+def test_the_smollm2_config_samples_as_long_as_its_task_evaluates():
+    from pathlib import Path
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "configs" / "smollm2.toml", [])
+    task = make_task(cfg.task)
+    assert cfg.model.path == "builtin:smollm2" and isinstance(task, ArithmeticTask) and task.digits == 1
+    assert cfg.sampling.max_new_tokens == task.max_answer_tokens and cfg.sampling.temperature == 1.0
+    assert cfg.train.micro_batch_tokens > 0
