@@ -42,7 +42,8 @@ class _Section(BaseModel):
 class ModelConfig(_Section):
     path: str = Field("builtin")
     """Local Hugging Face model folder, or a shipped tiny model: 'builtin' (the addition task's base),
-    'builtin:addition-scratchpad' (the scratchpad task's), 'builtin:math' (the word-problem math base)."""
+    'builtin:addition-scratchpad' (the scratchpad task's), 'builtin:math' (the word-problem math base),
+    'builtin:smollm2' (SmolLM2-135M-Instruct, imported by `python -m p2prl.policy.smollm2`)."""
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     """Where sampler and learner run the model: auto (cuda if available, else cpu), cpu, cuda or cuda:N."""
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32")
@@ -67,13 +68,15 @@ class ModelConfig(_Section):
 class TaskConfig(_Section):
     name: str = Field(
         "addition", min_length=1, max_length=200,
-        pattern=r"^(addition|addition-scratchpad|math|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
+        pattern=r"^(addition|addition-scratchpad|math|arithmetic|instructions|[A-Za-z_][\w.]*:[A-Za-z_]\w*)$",
     )
     """The task: 'addition' (built in), 'addition-scratchpad' (built in: the sum worked column by column with carries,
     then the answer; tens of tokens; needs its own base: model.path = 'builtin:addition-scratchpad'), 'math' (a local
-    file, math-verify rewards) or 'module:Class' (your own Task subclass, built with this section)."""
+    file, math-verify rewards), 'arithmetic' (one-step arithmetic asked in words through the chat template; the last
+    integer of the reply is the answer), 'instructions' (a sentence under one checkable constraint, IFEval-style,
+    through the chat template) or 'module:Class' (your own Task subclass, built with this section)."""
     digits: int = Field(2, ge=1, le=9)
-    """Digits per operand of the addition tasks."""
+    """Digits per operand of the addition tasks and (at most) of the arithmetic task."""
     seed: int = Field(0, ge=0)
     """Seed of the prompt generator and of the held-out split."""
     heldout_size: int = Field(512, ge=1, le=100_000)

@@ -18,6 +18,7 @@ import torch
 import torch.utils.checkpoint
 
 from p2prl.config import ModelConfig
+from p2prl.policy import smollm2
 from p2prl.policy.gguf import GGUFError, gguf_folder
 
 ASSETS = Path(__file__).resolve().parent.parent / "assets"
@@ -25,11 +26,13 @@ BUILTIN_MODEL = ASSETS / "base"
 MATH_MODEL = ASSETS / "math-base"  # python -m p2prl.policy.make_base --task math
 BUILTIN_MODELS = {"builtin": BUILTIN_MODEL, "builtin:addition-scratchpad": ASSETS / "addition-scratchpad",
                   "builtin:math": MATH_MODEL}
+BUILTIN_MODELS["builtin:smollm2"] = smollm2.folder()  # resolved again by model_folder, under $P2PRL_CACHE
 
 
 def model_folder(path: str | Path) -> Path:
     """The folder ``model.path`` names: a shipped base (``builtin``: the addition task's;
-    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems'),
+    ``builtin:addition-scratchpad``: the scratchpad task's; ``builtin:math``: the word problems'; ``builtin:smollm2``:
+    SmolLM2-135M-Instruct's import, made by ``python -m p2prl.policy.smollm2``),
     a local folder, or a ``.gguf`` file (its import into the cache, made on first use: ``gguf.gguf_folder``).
     A ``builtin:`` name that is none of these is refused with the list."""
     if str(path).startswith("builtin:") and str(path) not in BUILTIN_MODELS:
@@ -40,6 +43,8 @@ def model_folder(path: str | Path) -> Path:
             return gguf_folder(path)
         except GGUFError as e:
             raise PolicyLoadError(f"model.path={str(path)!r}: {e}") from e
+    if str(path) == "builtin:smollm2":
+        return smollm2.folder()  # where $P2PRL_CACHE says now
     return BUILTIN_MODELS.get(str(path)) or Path(path).expanduser()
 
 
@@ -142,6 +147,9 @@ def load_policy(path: str | Path, settings: ModelConfig | None = None) -> Policy
     if folder == MATH_MODEL and not (folder / "config.json").is_file():
         raise PolicyLoadError(f"model.path={str(path)!r}: the math base is not built in this checkout ({folder}); "
                               "build it with: python -m p2prl.policy.make_base --task math")
+    if str(path) == "builtin:smollm2" and not (folder / "config.json").is_file():
+        raise PolicyLoadError(f"model.path='builtin:smollm2': SmolLM2-135M-Instruct is not fetched here ({folder}); "
+                              f"fetch it with: {smollm2.FETCH_COMMAND}")
     if not (folder / "config.json").is_file():
         raise PolicyLoadError(
             f"model folder {folder} has no config.json; pass a local Hugging Face model "

@@ -11,8 +11,8 @@ __all__ = ["Problem", "Task", "TaskError", "make_task", "render_prompt", "uses_c
 
 
 def make_task(cfg: TaskConfig) -> Task:
-    """The task named by ``cfg.name``: ``addition``, ``addition-scratchpad``, ``math`` or ``module:Class``
-    (called with ``cfg``)."""
+    """The task named by ``cfg.name``: ``addition``, ``addition-scratchpad``, ``math``, ``arithmetic``,
+    ``instructions`` or ``module:Class`` (called with ``cfg``)."""
     if cfg.name in ("addition", "addition-scratchpad"):
         from p2prl.tasks.addition import AdditionTask, ScratchpadAdditionTask
 
@@ -22,6 +22,14 @@ def make_task(cfg: TaskConfig) -> Task:
         from p2prl.tasks.math import MathTask
 
         return MathTask.from_config(cfg)
+    if cfg.name == "arithmetic":
+        from p2prl.tasks.arithmetic import ArithmeticTask
+
+        return ArithmeticTask.from_config(cfg)
+    if cfg.name == "instructions":
+        from p2prl.tasks.instructions import InstructionTask
+
+        return InstructionTask.from_config(cfg)
     module, _, cls = cfg.name.partition(":")
     try:
         task = getattr(importlib.import_module(module), cls)(cfg)

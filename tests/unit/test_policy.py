@@ -200,3 +200,13 @@ def test_lag0_mismatch_is_logged_only_for_groups_of_the_current_version(builtin_
     core.version = 1  # the same groups, now one version old
     _, m = core.gradient(groups)
     assert "rollout/lag0_logprob_abs" not in m and "rollout/lag0_k3" not in m
+
+
+def test_builtin_smollm2_names_the_fetched_folder_or_says_how_to_fetch_it(tmp_path, monkeypatch):
+    from p2prl.policy.model import model_folder
+    from p2prl.policy.smollm2 import FETCH_COMMAND
+
+    monkeypatch.setenv("P2PRL_CACHE", str(tmp_path))
+    assert model_folder("builtin:smollm2") == tmp_path / "smollm2-135m-instruct"
+    with pytest.raises(PolicyLoadError, match=f"not fetched here .*fetch it with: {FETCH_COMMAND}$"):
+        load_policy("builtin:smollm2")
