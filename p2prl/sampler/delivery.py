@@ -215,8 +215,8 @@ class LearnerLink:
         """A generation call of ``n`` groups starts: if it fills the lease held, more is asked of the same learner
         now, so that the reply is there when the call ends (the learner adds it to the lease, or holds the request
         until it has work)."""
-        held = self.lease.held
-        if held is not None and n >= held.owed and self.leasing is None and self.cfg.flow.pull_work:
+        held = self.lease.held  # only ever held with flow.pull_work (``work``)
+        if held is not None and n >= held.owed and self.leasing is None:
             self.ask_lease(held.learner, version)
 
     def wait_for_lease(self, stop: threading.Event) -> None:
