@@ -266,9 +266,9 @@ class Swarm:
         """Start a round when a learner has its share waiting (the others join with what they have)."""
         if self.round_busy:
             return
-        p, batches = self.profile, {}
+        p, batches, now = self.profile, {}, self.clock.now
         for L in self.learners:
-            b = L.state.take(L.share, p.groups_per_step, L.version, False, 0.0)
+            b = L.state.take(L.share, p.groups_per_step, L.version, False, 0.0, now)
             if b is not None:
                 batches[L.id] = b
                 break
@@ -276,7 +276,7 @@ class Swarm:
             return
         for L in self.learners:
             if L.id not in batches:
-                batches[L.id] = L.state.take(L.share, p.groups_per_step, L.version, True, 0.0) or []
+                batches[L.id] = L.state.take(L.share, p.groups_per_step, L.version, True, 0.0, now) or []
         self.round_busy = True
         self.stats["in_round"] = sum(len(b) for b in batches.values())
         dur = max(p.step_time(len(b), self.weights) for b in batches.values()) + self.round_s

@@ -111,7 +111,7 @@ class SimLearner:
             if self.w.mode == "lease" and self.state.will_age_out(g, self.version, self.share):
                 self.state.count("would_age_out")
                 raise RecordError("stale", "would age out")
-            self.state.admit(g, self.version)  # pays a group back of its sampler's lease
+            self.state.admit(g, self.version, self.w.clock.now)  # pays a group back of its sampler's lease
             return "accepted", ""
         except RecordError as e:
             if e.reason == "duplicate":

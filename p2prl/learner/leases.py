@@ -4,24 +4,26 @@ A state machine without threads, network or clock (callers pass ``now`` and the 
 sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 
 * demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
-  at least one share: the ``rollouts`` queue bound) and, once its pace is known and while less than a step waits,
-  leases ahead what it trains while a lease is being made (``lead``: the asking sampler's time to make its part at
-  its reported rate, in the learner's steps, times ``share``; at most ``room`` steps, so the window still bounds
-  staleness): groups still being generated no longer leave it dry when generation takes about as long
-  as its steps. What it hands out is that ``demand`` less what waits and less what live leases still owe (``owed``);
+  at least one share: the ``rollouts`` queue bound) and, while less than a step waits, leases ahead what it trains
+  while leased groups are on their way (``in_flight``, Little's law: its pace times ``transit_s``, the measured time a
+  group arrives after its sampler should have made it at its reported rate; before one is measured, ``lead``: the
+  asking sampler's time to make its part, in the learner's steps, times ``share``; at most ``room`` steps either way,
+  so the window still bounds staleness). What it hands out is that ``demand`` less what waits and less what live
+  leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
 * one account per sampler: a grant adds to what it owes and renews its bounds (``until_version``, ``expires_at``); a
   group admitted from it pays one group back (``delivered``); an account paid in full closes (filled);
-* a lease's groups may arrive ``room`` versions behind the learner (``until_version = held + room``): the window
-  less the steps a group waits in the full queue (``queue_lag``), under a newest-first admission rule only a share of
-  it (``ROOM_NEWEST``, rounded up: an older group also waits behind the fresher ones, which would otherwise age it
-  out in the queue);
-* a lease ends at ``expires_at`` (sized from the sampler's reported rate so that it is filled well inside its life,
-  within ``min_life_s`` .. ``max_life_s``) or once the learner's version passes ``until_version`` (the groups it
-  covers would then be trained past the staleness window): what it still owes is freed for others and the unfilled
-  share counts against its sampler's fill ratio (``expire``);
+* a lease's groups may arrive ``room`` versions behind the learner: the window less the steps a group waits in the
+  full queue (``queue_lag``), under a newest-first admission rule only a share of it (``ROOM_NEWEST``, rounded up: an
+  older group also waits behind the fresher ones, which would otherwise age it out in the queue); they may be made
+  until the learner is ``span`` versions past the one their sampler holds (``until_version = held + span``): ``room``
+  less the versions the learner passes while a group is on its way (``transit_s``);
+* a lease ends at ``expires_at`` (sized from the sampler's reported rate and the measured transit so that it is
+  filled well inside its life, within ``min_life_s`` .. ``max_life_s``) or once the learner's version passes
+  ``until_version`` (the groups it covers would then be trained past the staleness window): what it still owes is
+  freed for others and the unfilled share counts against its sampler's fill ratio (``expire``);
 * no demand: ``groups == 0`` and ``retry_s`` says when to ask again: a step (when the learner expects room) times
   how many samplers ask for each group of the target (so N idle samplers ask about ``target`` times a step in all),
   at least ``min_retry_s``, at most ``max_retry_s`` or, with more samplers asking, as long as keeps
@@ -29,16 +31,17 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 * a sampler whose version is too old for any of its groups to be trained is told to come back in about one of the
   learner's steps (when a newer version can be in its hands), within ``min_retry_s`` .. ``max_retry_s``.
 
-Every counter is kept incrementally (``owed`` in all and per sampler, ``counts``); ``expire`` walks the open
-accounts, of which there are at most ``target`` (each owes at least one group). Tested event by event in
-tests/unit/test_leases.py.
+Every counter is kept incrementally (``owed`` in all and per sampler, ``counts``); ``expire`` and ``owed_fresher``
+(what leases owe that arrives ahead of a group under a newest-first rule: from samplers that held a newer version,
+times the share of leased groups that arrived) walk the open accounts, of which there are at most ``target`` and
+the lead (each owes at least one group). Tested event by event in tests/unit/test_leases.py.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter, OrderedDict
-from dataclasses import dataclass
+from collections import Counter, OrderedDict, deque
+from dataclasses import dataclass, field
 
 LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to fill it at its reported rate
 FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
@@ -77,6 +80,9 @@ class Account:
     expires_at: float
     granted: int = 0  # groups granted since the account opened
     delivered: int = 0  # of them, admitted
+    held: int = -1  # the newest policy version its sampler held when asking (its groups are of it or newer)
+    # [when its sampler should have made it at its reported rate, groups not yet delivered] of each grant, oldest first
+    grants: deque = field(default_factory=deque)
 
 
 class LeaseBook:
@@ -101,6 +107,8 @@ class LeaseBook:
         self._owed = 0
         self._next_id = 1
         self.version, self.version_at, self.step_s = -1, None, None  # the learner's pace, from the versions seen
+        self.busy_s: float | None = None  # seconds a step takes once its groups are there (``stepped``)
+        self.transit_s: float | None = None  # seconds a leased group arrives after its sampler made it, smoothed
 
     def resize(self, share: int, queue_steps: float, max_queue: int) -> None:
         """This learner's share of a step (it changes with the number of learners) and the queue's bound: the
@@ -119,6 +127,20 @@ class LeaseBook:
         acc = self.accounts.get(sampler)
         return acc.owed if acc else 0
 
+    def owed_fresher(self, version: int, besides: str | None = None) -> int:
+        """Groups that leases still owe from samplers that held a version newer than ``version`` when they asked
+        (their groups are of that version or newer), but for ``besides``'s: under a newest-first rule those arrive
+        ahead of a waiting group of ``version``, while groups of its own version keep arrival order behind it. One
+        pass over the open accounts (at most the target and the lead: each owes a group)."""
+        owed = sum(a.owed for s, a in self.accounts.items() if a.held > version and s != besides)
+        return round(owed * self.delivered_share())
+
+    def delivered_share(self) -> float:
+        """The share of the leased groups whose fate is known that came while their lease was live, not freed as it
+        ended (1 before any is known): of what leases owe, what arrives."""
+        known = self.counts["delivered"] + self.counts["expired_groups"]
+        return self.counts["delivered"] / known if known else 1.0
+
     def fill_ratio(self, sampler: str) -> float:
         return self.fill.get(sampler, 1.0)
 
@@ -128,8 +150,27 @@ class LeaseBook:
 
     def total(self, rate: float = 0.0) -> int:
         """Groups the learner wants waiting or owed, for an asker at ``rate``: its target and what it trains while
-        the asker makes an equal part of the target (``lead``)."""
+        leased groups are on their way (``in_flight``: once a lease's transit was measured), or while the asker
+        makes an equal part of the target (``lead``: before)."""
+        if self.transit_s is not None and self.pace() is not None:
+            return self.target + self.in_flight()
         return self.target + self.lead(math.ceil(self.target / max(1, len(self.askers))), rate)
+
+    def pace(self) -> float | None:
+        """Seconds a step of the learner takes when its groups are there (measured, ``stepped``), else between the
+        versions it reached (which a learner waiting for groups stretches)."""
+        return self.busy_s or self.step_s
+
+    def in_flight(self) -> int:
+        """Groups the learner trains while a made group is on its way (Little's law: its steps a second times the
+        measured ``transit_s``, the time past the one its sampler needs to make it: sending, admitting, the
+        sampler's turn on a busy machine), at most ``room`` steps' worth. Making the groups is not counted: a lease
+        that takes longer to make is a larger one, and leasing ahead for it would only make the next larger still
+        (while samplers are the bottleneck, the learner cannot train faster than they make groups)."""
+        pace = self.pace()
+        if self.transit_s is None or not pace:
+            return 0
+        return round(min(self.transit_s / pace, self.room) * self.share)
 
     def fair_part(self, rate: float = 0.0) -> int:
         """What one sampler may owe at most: an equal part of the ``total`` among the samplers that asked lately."""
@@ -165,7 +206,7 @@ class LeaseBook:
         while self.askers and (next(iter(self.askers.values())) < now - remember or len(self.askers) > MAX_ASKERS):
             self.askers.popitem(last=False)
         held = version if held is None else min(held, version)
-        until = held + self.room
+        until = held + self.span()
         if until < version:  # its version is too old for any group of it to be trained: fetch a newer one first
             self.counts["refused/behind"] += 1
             return Lease(0, 0, until, now, self.behind_retry_s())
@@ -182,6 +223,9 @@ class LeaseBook:
             acc = self.accounts[sampler] = Account(self._next_id, 0, until, now + life)
             self._next_id += 1
         acc.owed, acc.granted, self._owed = acc.owed + groups, acc.granted + groups, self._owed + groups
+        acc.held = max(acc.held, held)
+        # made at its reported rate after what it already owes (a sampler makes its lease's groups in turn)
+        acc.grants.append([now + (own + groups) / rate if rate > 0 else now, groups])
         acc.until_version, acc.expires_at = until, now + life
         self.counts["granted"] += 1
         self.counts["granted_groups"] += groups
@@ -195,6 +239,7 @@ class LeaseBook:
         self.counts["unleased"] += n - paid
         if not paid:
             return 0
+        self._transit(acc, paid, now)
         acc.owed, acc.delivered, self._owed = acc.owed - paid, acc.delivered + paid, self._owed - paid
         self.counts["delivered"] += paid
         if acc.owed == 0:
@@ -211,6 +256,7 @@ class LeaseBook:
             self._owed -= acc.owed
             self.counts["expired"] += 1
             self.counts["expired_groups"] += acc.owed
+            self.counts["expired/version" if acc.until_version < version else "expired/time"] += 1
             self._close(s, acc.delivered / max(1, acc.granted))
         return ended
 
@@ -230,10 +276,19 @@ class LeaseBook:
 
     # ---- sizing ---------------------------------------------------------------------------------------
     def life(self, groups: int, rate: float) -> float:
-        """Seconds a lease of ``groups`` lives: ``LIFE_SLACK`` times what its sampler needs at ``rate`` (unknown:
-        the longest), bounded; never past the learner's steps until the window closes, when its pace is known."""
-        life = LIFE_SLACK * groups / rate if rate > 0 else self.max_life_s
+        """Seconds a lease of ``groups`` lives: ``LIFE_SLACK`` times what its sampler needs at ``rate`` and the
+        measured ``transit_s`` (a group comes that much after its sampler should have made it: sending, and the
+        sampler's other work on a busy machine), bounded (unknown rate: the longest)."""
+        life = LIFE_SLACK * (groups / rate + (self.transit_s or 0.0)) if rate > 0 else self.max_life_s
         return min(max(life, self.min_life_s), self.max_life_s)
+
+    def span(self) -> int:
+        """Versions past the one its sampler holds a lease's groups may be made at (``until_version - held``):
+        ``room``, less the versions the learner passes while a made group is on its way (``transit_s`` at its
+        pace between versions), so that a group made at the last moment still arrives inside ``room``."""
+        if not self.transit_s or not self.step_s:
+            return self.room
+        return max(0, self.room - math.ceil(self.transit_s / self.step_s))
 
     def retry_s(self) -> float:
         """When a sampler should ask again: one of the learner's steps (room frees as it trains a share) times how
@@ -259,7 +314,27 @@ class LeaseBook:
         the learner is that much further on; ``share``: the groups a step takes, by default the book's)."""
         return version + waiting // max(1, share or self.share) - group_version > self.window
 
+    def stepped(self, seconds: float) -> None:
+        """A step took ``seconds`` from the moment its groups were taken from the queue to its commit."""
+        if seconds > 0:
+            self.busy_s = seconds if self.busy_s is None else 0.7 * self.busy_s + 0.3 * seconds
+
     # ---- inside -----------------------------------------------------------------------------------------
+    def _transit(self, acc: Account, paid: int, now: float) -> None:
+        """``paid`` groups of ``acc`` admitted at ``now``: how late they came after their sampler should have made
+        them (oldest grant first; early counts as 0) goes into the smoothed ``transit_s``."""
+        late, left = 0.0, paid
+        while left and acc.grants:
+            ready, n = acc.grants[0]
+            k = min(n, left)
+            late, left = late + k * max(0.0, now - ready), left - k
+            if k == n:
+                acc.grants.popleft()
+            else:
+                acc.grants[0][1] = n - k
+        t = late / paid
+        self.transit_s = t if self.transit_s is None else 0.8 * self.transit_s + 0.2 * t
+
     def _close(self, sampler: str, outcome: float) -> None:
         acc = self.accounts.pop(sampler)
         if acc.granted:

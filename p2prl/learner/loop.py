@@ -231,7 +231,8 @@ class Learner:
                         "redone; raise rounds.group_size", 1 + others, rounds.group_size)
         share = math.ceil(self.cfg.train.groups_per_step / (1 + others))
         join = bool(others) and time.time() - self.version_since > rounds.wait_s / 2
-        return self.state.take(share, self.cfg.train.groups_per_step, self.core.version, join, wait_s=0.2)
+        return self.state.take(share, self.cfg.train.groups_per_step, self.core.version, join, wait_s=0.2,
+                               now=time.time())
 
     def apply(self, step: Step) -> None:
         """The one place a step becomes a version: applied, recorded (training log, own groups, ledger), evaluated,

@@ -42,6 +42,7 @@ class LearnerState:
         # called (on the training thread, after the lock) when demand for work may have grown: groups left the queue
         # for a step, or a version was committed (leases past it end); the intake wakes the lease requests it holds
         self.on_demand: Callable[[], None] = lambda: None
+        self._taken_at: float | None = None  # when the training loop took its step's groups (``take``'s ``now``)
 
     # ---- counters -------------------------------------------------------------------------------
     def count(self, key: str, n: int = 1) -> int:
@@ -107,19 +108,20 @@ class LearnerState:
             self._sessions.note(g.group_id)  # read, whatever becomes of it: not withheld
             self._ledger.check(g, version)
 
-    def admit(self, g: RolloutGroup, version: int) -> None:
-        """Admit ``g`` (checked, verified) and wake the training loop; it pays a group back of its sampler's lease."""
+    def admit(self, g: RolloutGroup, version: int, now: float | None = None) -> None:
+        """Admit ``g`` (checked, verified) and wake the training loop; it pays a group back of its sampler's lease.
+        ``now``: on the clock leases are granted on (default ``time.monotonic``, the intake's)."""
         with self._changed:
             self._ledger.admit(g, version)
-            self._leases.delivered(g.sampler, 1, time.monotonic())
+            self._leases.delivered(g.sampler, 1, time.monotonic() if now is None else now)
             self._changed.notify_all()
 
-    def drop_uniform(self, g: RolloutGroup) -> None:
+    def drop_uniform(self, g: RolloutGroup, now: float | None = None) -> None:
         """``g`` (checked, verified) has rewards all equal: dropped, not queued (``GroupLedger.drop_uniform``);
-        delivered all the same, it pays a group back of its sampler's lease."""
+        delivered all the same, it pays a group back of its sampler's lease (``now``: as ``admit``'s)."""
         with self._changed:
             self._ledger.drop_uniform(g)
-            self._leases.delivered(g.sampler, 1, time.monotonic())
+            self._leases.delivered(g.sampler, 1, time.monotonic() if now is None else now)
 
     # ---- leases ---------------------------------------------------------------------------------------
     def lease(self, peer: str, want: int, rate: float, held: int, version: int, share: tuple[int, float, int],
@@ -147,11 +149,11 @@ class LearnerState:
     def will_age_out(self, g: RolloutGroup, version: int, share: int) -> bool:
         """Whether ``g``, admitted now behind the groups the admission rule takes before it (``AdmissionBuffer.ahead``:
         in arrival order all those waiting; newest first, the waiting ones of its version or newer and what leases
-        still owe others, which arrive fresher), would age out of the window before it is trained at ``share`` groups
-        a step (``LeaseBook.will_age_out``)."""
+        still owe samplers that held a newer version, which arrive fresher: ``LeaseBook.owed_fresher``), would age out
+        of the window before it is trained at ``share`` groups a step (``LeaseBook.will_age_out``)."""
         with self._changed:
             book = self._leases
-            incoming = book.owed() - min(1, book.owed(g.sampler))  # g itself pays one group of its sampler's lease
+            incoming = book.owed_fresher(g.policy_version, besides=g.sampler)
             buffer = self._ledger.buffer
             ahead = buffer.ahead(g.policy_version, incoming) if hasattr(buffer, "ahead") else len(buffer)
             return book.will_age_out(g.policy_version, version, ahead, share)
@@ -172,10 +174,12 @@ class LearnerState:
             return self._ledger.states_of(ids)
 
     # ---- the training loop ------------------------------------------------------------------------
-    def take(self, share: int, full: int, version: int, join: bool, wait_s: float) -> list[RolloutGroup] | None:
+    def take(self, share: int, full: int, version: int, join: bool, wait_s: float,
+             now: float | None = None) -> list[RolloutGroup] | None:
         """A batch of this learner's ``share`` (``full``: the swarm-wide batch, for the retrain backlog) by the
         admission rule at ``version``; ``join``: else whatever is here (possibly nothing). None after waiting up to
-        ``wait_s`` for an admission."""
+        ``wait_s`` for an admission. ``now``: on the clock ``commit`` is given, to time the step
+        (``LeaseBook.stepped``)."""
         with self._changed:
             buffer = self._ledger.buffer
             share = self._ledger.take_size(share, full)
@@ -184,6 +188,8 @@ class LearnerState:
                 batch = buffer.select(min(share, len(buffer)), version)  # join the round with what is here
             if batch is None:
                 self._changed.wait(timeout=wait_s)
+            elif now is not None:
+                self._taken_at = now
         if batch:
             self.on_demand()
         return batch
@@ -204,6 +210,9 @@ class LearnerState:
         with self._changed:
             self._lags.update(v - 1 - g.policy_version for g in batch)
             self._ledger.record(v, ids, batch, confirmed, now)
+            if self._taken_at is not None:
+                self._leases.stepped(now - self._taken_at)
+                self._taken_at = None
         self.on_demand()
 
     def settle(self, confirmed: int, before: float) -> None:

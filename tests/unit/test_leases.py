@@ -1,5 +1,7 @@
 """The learner's leases, event by event: the pure book (p2prl/learner/leases.py) without threads, network or clock."""
 
+import pytest
+
 from p2prl.learner.leases import IDLE_REQUESTS_PER_S, MIN_FILL, RETRY_CEIL_S, LeaseBook
 
 
@@ -138,13 +140,26 @@ def test_idle_requests_stay_bounded_per_learner_whatever_the_number_of_samplers(
 
 def test_demand_covers_what_the_learner_trains_while_a_lease_is_being_made():
     b = book(share=4, window=8)  # target 8; queue lag one step: leases until version + 7
-    assert b.grant("S1", want=64, rate=1.0, version=0, waiting=0, now=0.0).groups == 8  # pace unknown: the target
-    b.delivered("S1", 8, now=1.0)
+    # pace unknown: the target; at 8 groups a second S1 should have made them 1 s after the grant
+    assert b.grant("S1", want=64, rate=8.0, version=0, waiting=0, now=0.0).groups == 8
+    b.delivered("S1", 8, now=2.0)  # they came 1 s after that
     for v in range(1, 4):  # a step every 2 s
         b.grant("S0", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
     b.forget("S0")
-    # alone at 1 group a second, S1 makes the target's 8 groups in 4 steps, while the learner trains 16: with less
-    # than a step waiting it is leased the target and those 16, less what waits
+    # while a made group is on its way (1 s) the learner trains half a step (a step every 2 s), so it wants the target
+    # and half a step's groups more (Little's law), at most ``room`` steps more
+    assert b.transit_s == 1.0 and b.in_flight() == 2 and b.total() == 8 + 2
+    b.transit_s = 6.0
+    assert b.in_flight() == 3 * 4 and b.total() == 8 + 12
+    b.transit_s = 100.0
+    assert b.in_flight() == (8 - 1) * 4
+    b.transit_s = 1.0
+    b.stepped(0.5)  # a step takes 0.5 s once its groups are there: the 2 s between versions were a starved learner's
+    assert b.pace() == 0.5 and b.in_flight() == 2 * 4
+    b.busy_s, b.transit_s = None, None
+    # before a transit is measured, from the asker's rate: alone at 1 group a second, S1 makes the target's 8
+    # groups in 4 steps, while the learner trains 16: with less than a step waiting it is leased the target and those
+    # 16, less what waits
     assert b.lead(8, 1.0) == 16 and b.total(1.0) == 24 and b.demand(waiting=3, rate=1.0) == 21
     assert b.demand(waiting=4, rate=1.0) == 4  # a step waits: the target only (a deeper queue would only age)
     assert b.grant("S1", want=64, rate=1.0, version=3, waiting=3, now=6.0).groups == 21
@@ -154,6 +169,20 @@ def test_demand_covers_what_the_learner_trains_while_a_lease_is_being_made():
     assert b.lead(8, 0.0) == 0  # its rate unknown: none
     b.step_s = None
     assert b.lead(8, 1.0) == 0  # the learner's pace unknown: none
+
+
+def test_the_transit_leaves_out_the_time_groups_take_to_make():
+    b = book(share=4, window=8)
+    b.grant("S1", want=64, rate=2.0, version=0, waiting=0, now=0.0)  # 8 groups at 2 a second: made by t=4
+    b.delivered("S1", 4, now=3.0)  # early: no transit
+    assert b.transit_s == 0.0
+    b.delivered("S1", 4, now=6.0)  # 2 s late
+    assert b.transit_s == pytest.approx(0.2 * 2.0)
+    b.grant("S1", want=4, rate=2.0, version=0, waiting=0, now=10.0)  # queued behind none: made by t=12
+    b.grant("S1", want=4, rate=2.0, version=0, waiting=0, now=10.0)  # behind those 4 (still owed): by t=14
+    assert [list(g) for g in b.accounts["S1"].grants] == [[12.0, 4], [14.0, 4]]
+    b.delivered("S1", 8, now=14.0)  # the first 4 two seconds late, the others on time
+    assert b.transit_s == pytest.approx(0.8 * 0.4 + 0.2 * 1.0)
 
 
 def test_the_target_is_shared_fairly_among_the_samplers_asking():
@@ -283,3 +312,34 @@ def test_a_request_with_no_work_is_held_until_the_learners_demand_grows(tmp_path
     # nothing changes: answered empty once its wait is over (the learner holds it at most LONG_POLL_S)
     empty = asyncio.run(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=0.05)))
     assert empty.groups == 0 and it.state.report()["counts"]["lease/held"] == 2
+
+
+def test_what_leases_owe_counts_ahead_of_a_group_only_from_samplers_that_held_a_newer_version_and_as_they_deliver():
+    b = book(share=4, window=8)  # target 8
+    b.grant("OLD", want=2, rate=1.0, version=5, waiting=0, now=0.0, held=3)
+    b.grant("NEW", want=2, rate=1.0, version=5, waiting=0, now=0.0, held=5)
+    b.grant("SAME", want=2, rate=1.0, version=5, waiting=0, now=0.0, held=4)
+    # a v4 group: the NEW sampler's groups (v5 or newer) go ahead of it under a newest-first rule; v4 ones arrive
+    # behind it (arrival order within a version), older ones after it
+    assert b.owed_fresher(4) == 2 and b.owed_fresher(3) == 4 and b.owed_fresher(2) == 6
+    assert b.owed_fresher(3, besides="NEW") == 2  # a group's own sampler's lease is not ahead of it
+    assert b.delivered_share() == 1.0  # no lease's fate known yet: all of it counts
+    b.delivered("NEW", 2, now=1.0)
+    b.expire(version=5, now=100.0)  # the others' leases lapse unfilled: 2 of the 6 groups leased came
+    assert b.delivered_share() == pytest.approx(2 / 6)
+    b.grant("NEW", want=6, rate=1.0, version=6, waiting=0, now=101.0, held=6)
+    assert b.owed() == 6 and b.owed_fresher(4) == round(6 * 2 / 6)  # of what is owed, the share that arrives
+
+
+def test_a_lease_lives_and_spans_what_its_groups_take_on_their_way():
+    b = book(share=4, window=8)  # room 7 (queue lag one step)
+    assert b.life(6, rate=2.0) == 3 * 3.0 and b.span() == 7  # nothing measured: 3 x the making, the whole room
+    for v in range(4):  # a version every 2 s
+        b.grant("S0", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
+    b.transit_s = 3.0  # groups come 3 s after they are made: the learner is 2 versions further on meanwhile
+    assert b.life(6, rate=2.0) == 3 * (3.0 + 3.0) and b.span() == 7 - 2
+    lease = b.grant("S1", want=4, rate=2.0, version=3, waiting=0, now=6.0, held=2)
+    assert lease.until_version == 2 + 5
+    b.transit_s = 100.0
+    assert b.span() == 0 and b.grant("S2", want=4, rate=2.0, version=3, waiting=0, now=6.0, held=2).groups == 0
+    assert b.counts["refused/behind"] == 1  # a group it made now would arrive past the room: fetch a newer version
