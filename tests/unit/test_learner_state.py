@@ -107,7 +107,8 @@ def test_the_age_out_estimate_follows_the_order_the_admission_rule_trains_in(tmp
     lease, _ = state.lease("b", 4, 0.0, 2, 2, (2, 3.0, 64), time.monotonic())  # a target of 6: 4 free
     assert lease.groups == 4 and state.owed("b") == 4
     assert state.will_age_out(old, 2, share=2) == (rule == "paper")  # behind 6: 3 steps, lag 4 > 2
-    # a v2 group waits behind what is leased, not behind the older v1 groups: trained in 2 steps, lag 1
+    # a v2 group waits neither behind the older v1 groups nor behind what is leased to a sampler that held v2 (its
+    # groups of v2 arrive after it): trained next step
     assert not state.will_age_out(new, 2, share=2)
     assert state.will_age_out(old, 2 + window, share=2)  # and with the learner that far on, any old group does
     assert window == ledger.buffer.rule.trained_lag(2)
