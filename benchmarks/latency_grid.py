@@ -99,6 +99,21 @@ def n_parameters(model_path: str) -> int:
     return n
 
 
+def delay_row(st, per_version: str, on_floor: float) -> tuple[str, str, str, str]:
+    """The differences table's row for the delay: the authors' form in seconds, or the form calibrated in versions to
+    the lags the paper observed."""
+    if st.delay == "calibrated":
+        return ("delay clock", f"versions: a sampler reloads once its data lags u x D, u uniform in "
+                f"{st.calibrated_low_frac:g}..{st.calibrated_high_frac:g}",
+                "wall-clock seconds (a shifted, clipped log-normal), learner steps of their own duration",
+                "the form is fit to the lags the paper reports (mean 0.41 x D, max 0.89 x D), not drawn from their "
+                "delay and step times")
+    return ("delay clock", f"the authors' delay in seconds, one version = {per_version}",
+            "the same delay in wall-clock seconds, learner steps of their own duration",
+            (f"their lag in versions depends on their step time; here {on_floor:.0%} of draws sit on the floor, "
+             f"{st.authors_floor_s:g} s = {st.authors_floor_s / st.authors_cap_s:.3g} x D versions"))
+
+
 def differences(config: str, overrides: list[str]) -> str:
     """Every difference left between the config's setting and the authors' HeteroRL runs (arXiv 2508.17850 and
     their public code), as a table read from the config; what is the same is said below it."""
@@ -125,19 +140,21 @@ def differences(config: str, overrides: list[str]) -> str:
         ("sampling", f"temperature {s.temperature:g}" + (f", {truncation}" if truncation else ", no truncation"),
          "temperature 0.6, top-p 0.95, top-k 20", "the shipped configs' sampling, not tuned for this grid"),
         ("learner steps", f"{t.steps}", "1295", f"the training curves below show whether {t.steps} is enough"),
-        ("delay clock", f"the authors' delay in seconds, one version = {per_version}",
-         "the same delay in wall-clock seconds, learner steps of their own duration",
-         (f"their lag in versions depends on their step time; here {on_floor:.0%} of draws sit on the floor, "
-          f"{st.authors_floor_s:g} s = {st.authors_floor_s / st.authors_cap_s:.3g} x D versions")),
+        delay_row(st, per_version, on_floor),
         ("samplers", "one in-process sampler making one step's batch per learner step (the learner never waits)",
-         "several GPU samplers writing rollouts to a shared file system", "lags come only from the delay here, so they are far below the paper's (table above); `staleness.delay = calibrated` reproduces the paper's observed lags"),
+         "several GPU samplers writing rollouts to a shared file system",
+         "lags come only from the delay here: the calibrated delay reproduces the paper's observed lags (table below)"
+         if st.delay == "calibrated" else "lags come only from the delay here, so they are far below the paper's "
+         "(table below); `staleness.delay = calibrated` reproduces the paper's observed lags"),
         ("window vs the plots' label", "D is both the delay cap (in versions) and the learner's window",
          "max_diff_step 32 in their configs, plotted as \"max delay 64\"", "compare our D = 32 with their \"64\""),
     ]
     table = "\n".join(["| | this grid | the authors' runs | consequence |", "|---|---|---|---|",
                        *(f"| {a_} | {b} | {c_} | {d} |" for a_, b, c_, d in rows)])
     same = (f"The same as theirs: the three losses (to 1e-13 in float64 against their code), the admission rule "
-            f"(`staleness.rule = {st.rule}`), the delay's form (`staleness.delay = {st.delay}`), the k3 KL toward the "
+            f"(`staleness.rule = {st.rule}`)" + ("" if st.delay == "calibrated" else
+                                                   f", the delay's form (`staleness.delay = {st.delay}`)")
+            + f", the k3 KL toward the "
             f"sampler at {a.beta_kl:g} on every objective, no std scaling of advantages (`algo.scale_std = "
             f"{str(a.scale_std).lower()}`), GSPO clipped at {a.gspo_eps_low:g} / {a.gspo_eps_high:g}, GEPO's "
             f"denominator over `{a.scope}`" + (f" (shuffled chunks of {a.batch_rows} rows)" if a.scope == "batch" else "")
