@@ -247,7 +247,13 @@ def learner_figures(out: Path, t0: float, t1: float) -> dict:
         a, b = [m for m in metrics if m["time"] <= t0], [m for m in metrics if m["time"] <= t1]
         if a and b:
             dht = sum(b[-1].get(k, 0) - a[-1].get(k, 0) for k in keys) / (b[-1]["time"] - a[-1]["time"])
-    return {"versions": len(inside), "trained": len(lags), "lags": lags, "published": published, "dht_s": dht}
+    before, upto = [m for m in metrics if m["time"] <= t0], [m for m in metrics if m["time"] <= t1]
+    loop = None
+    if upto and "net/loop_lag_max_s" in upto[-1]:
+        stalls = upto[-1]["net/loop_stalls"] - (before[-1].get("net/loop_stalls", 0) if before else 0)
+        loop = f"learner loop: max lag {upto[-1]['net/loop_lag_max_s']:.2f} s since start, {stalls} stalls > 1 s"
+    return {"versions": len(inside), "trained": len(lags), "lags": lags, "published": published, "dht_s": dht,
+            "loop": loop}
 
 
 def reach90(published: dict[int, float], loads: list[dict], n: int, t0: float, t1: float) -> tuple[float | None, int]:
@@ -393,7 +399,8 @@ def measure(tmp: Path, a, n: int, learners: int) -> dict:
             "dht": (f"{s['dht_per_peer_s']:.0f} (samplers), {lf['dht_s']:.0f} (learner)"
                     if len(dht) == 2 else None),
             "reach90": reach, "reach_missed": missed, "pss_mb": sum(pss.values()), "pss_parts": pss,
-            "learner_pss_mb": learner_pss, "wall": time.time() - started, "note": note}
+            "learner_pss_mb": learner_pss, "wall": time.time() - started,
+            "note": "; ".join(filter(None, [note, lf["loop"]]))}
 
 
 # ---- the table -----------------------------------------------------------------------------------------------------
@@ -517,7 +524,7 @@ the code measured has none); 90% of samplers hold a version: median seconds from
 learner's metrics line, written as it publishes) until 90% of the identities held it or a newer one (each identity
 logs its loads), and how many of the window's versions got there only after the run stopped, or never; PSS: the
 sampler processes' proportional memory per identity, their own (models, threads) / their DHT processes / their
-daemons. Not measured here: the learner's event-loop stalls. `code`: the label and commit measured ('+': with
+daemons. Notes: the first learner's network loop (`net/loop_lag_max_s`, `net/loop_stalls` in its metrics: how late a 0.1 s timer on it woke; none before the code measured it). `code`: the label and commit measured ('+': with
 uncommitted changes); each run replaces its own rows (same code, samplers and learners) and keeps the others.
 A row whose memory would not fit is skipped and says so."""
 

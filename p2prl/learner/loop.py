@@ -293,7 +293,8 @@ class Learner:
             weights_bad_requests=self.store.bad_requests, dht_errors=self.node.records.dht_errors,
             rounds_saturated=self.rounds.saturated, membership=self.membership.metrics(), spot=self.spot.metrics(),
             bans_and_limits=report.trust_counts(self.reputation.snapshot(), self.peer_limits.snapshot()),
-            authority=dict(self.node.trust.counts), dht_bytes=self.node.records.dht_bytes())
+            authority=dict(self.node.trust.counts), dht_bytes=self.node.records.dht_bytes(),
+            loop=self.node.loop_watch.metrics())
 
     def prometheus(self) -> list:
         """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""

@@ -8,7 +8,7 @@ tested on a hand-built snapshot.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from p2prl import prom
 from p2prl.metrics import group_totals, lag_by_sampler
@@ -38,6 +38,7 @@ class LearnerReport:
     bans_and_limits: dict[str, int]  # ``trust_counts``
     authority: dict[str, int]  # records the run authority's checks refused, by kind
     dht_bytes: tuple[int, int] = (0, 0)  # record bytes read from and written to the DHT so far (``dht_bytes()``)
+    loop: dict[str, float] = field(default_factory=dict)  # the network loop's lag (``LoopWatch.metrics``)
 
 
 def trust_counts(reputation: dict, limits: dict[str, int]) -> dict[str, int]:
@@ -65,6 +66,7 @@ def step_metrics(r: LearnerReport) -> dict[str, float]:
     m["net/weights_bad_requests"] = r.weights_bad_requests
     m["net/dht_errors"] = r.dht_errors
     m["net/dht_bytes_read"], m["net/dht_bytes_written"] = r.dht_bytes
+    m.update(r.loop)
     m.update(r.bans_and_limits)
     return m
 
@@ -98,6 +100,9 @@ def families(r: LearnerReport) -> list:
         prom.gauge("reward_mean", "Mean reward of the groups of the last step", r.reward),
         prom.gauge("throughput_groups_per_second", "Groups trained per second (moving average)", r.throughput),
         prom.gauge("queue_depth", "Groups admitted and waiting to be trained", r.queue_depth),
+        prom.gauge("loop_lag_max_seconds", "Largest lag of the network loop so far (a handler holding it)",
+                   r.loop.get("net/loop_lag_max_s", 0.0)),
+        prom.counter("loop_stalls", "Network loop stalls over 1 s", r.loop.get("net/loop_stalls", 0)),
         prom.gauge("learners", "Other learners of the run this learner knows", r.other_learners),
         prom.lag_histogram(r.lags, r.max_staleness),
         prom.labelled("groups", "Groups by outcome (admitted, trained, dropped, rejected) and reason",

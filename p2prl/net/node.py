@@ -28,6 +28,7 @@ from p2prl.config import NetConfig
 from p2prl.trust.authority import Trust, TrustError
 from p2prl.net import reach
 from p2prl.net.dht import BootstrapError
+from p2prl.net.loopwatch import LoopWatch
 from p2prl.trust.limits import PeerLimits
 from p2prl.net.messages import CONTROL, PROTOCOLS, Bounds, MessageError
 from p2prl.net.records import Records
@@ -372,6 +373,8 @@ class SwarmNode(Streams):
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="p2prl-net", daemon=True)
         self._thread.start()
+        self.loop_watch = LoopWatch()  # how late the loop runs what it is given (stalls)
+        asyncio.run_coroutine_threadsafe(self.loop_watch.run(), self._loop)
         self.run(transport.start(), timeout=30, cancellable=False)
         if role in ("sampler", "learner") and not (transport.client_mode or cfg.loopback or cfg.closed_network) \
                 and self.scope in ("lan", "public"):

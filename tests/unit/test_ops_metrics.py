@@ -58,6 +58,11 @@ def test_learner_metrics_read_its_counters():
     assert leased["p2prl_leases_total"] == {(("outcome", "granted"), ("reason", "")): 3,
                                             (("outcome", "refused"), ("reason", "banned")): 1}
     assert next(iter(leased["p2prl_lease_owed"].values())) == 5
+    assert one("p2prl_loop_lag_max_seconds") == 0.0 and one("p2prl_loop_stalls_total") == 0
+    stalled = learner_report(loop={"net/loop_lag_max_s": 1.25, "net/loop_stalls": 2})
+    m = scrape(lambda: families(stalled))
+    assert one("p2prl_loop_lag_max_seconds") == 1.25 and one("p2prl_loop_stalls_total") == 2
+    assert step_metrics(stalled)["net/loop_lag_max_s"] == 1.25 and step_metrics(stalled)["net/loop_stalls"] == 2
     assert one("p2prl_weights_served_bytes_total") == 123456 and one("p2prl_records_received_bytes_total") == 5000
     assert one("p2prl_banned_peers") == 1 and one("p2prl_dht_errors_total") == 2
     assert one("p2prl_dht_bytes_read_total") == 300 and one("p2prl_dht_bytes_written_total") == 200
