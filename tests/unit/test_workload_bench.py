@@ -19,6 +19,8 @@ from p2prl.config import load_config  # noqa: E402
 
 SMOLLM2 = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                           num_key_value_heads=3, head_dim=64, vocab_size=49152)
+TINY = SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       vocab_size=100)
 HOLD = "import sys, time; x = bytearray({n}); open(sys.argv[1], 'w').close(); time.sleep(60)"
 
 
@@ -31,10 +33,11 @@ def test_gemm_rate_is_measured_at_the_given_threads():
     import torch
 
     before = torch.get_num_threads()
-    tiny = SimpleNamespace(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                           vocab_size=100)
-    assert gemm_gflops(tiny, 16, threads=1, repeats=2) > 0
+    assert gemm_gflops(TINY, 16, threads=1, repeats=2) > 0
     assert torch.get_num_threads() == before
+    fig = {"config": TINY, "gemm_rows": 16, "threads": 1, "gflops_before": 1e9, "gflops": 1e9}
+    math_workload.gemm_again(fig)  # after the runs: the floor takes the higher rate
+    assert 0 < fig["gflops_after"] < fig["gflops"] == 1e9
 
 
 def test_peak_rss_by_peer_role(tmp_path):
@@ -98,4 +101,7 @@ def test_learner_step_against_its_flop_floor_and_the_report():
             "step took 1.00 s (33% of it; memory-bound, outside 6N), gradient checkpointing off, micro-batches of at "
             "most 512 tokens;") in text
     assert "6 x 100,000,000 trainable parameters" in text and "over 600.0 GFLOP/s" in text
+    fig.update(gflops_before=500.0, gflops_after=600.0)
+    assert "(measured before the runs: 500.0, after: 600.0; the higher is taken) with 512 rows on 2 threads" in \
+        math_workload.report(results, cfg, fig, ["train"], 900, 0.0)
     assert "TRL's own `step_time`, generation included and optimizer step not: 30.00 s" in text
