@@ -12,6 +12,23 @@ from pathlib import Path
 TOTAL = "process tree"
 
 
+def _learner_folder(pid: int) -> str | None:
+    """The folder of the training log (``train_log.jsonl``) ``pid`` holds open: a learner's (``learner``,
+    ``learner1``...), which ``p2prl swarm up`` shows on its own terminal rather than in a log of ``logs/``."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    for fd in fds:
+        try:
+            target = Path(os.readlink(f"/proc/{pid}/fd/{fd}"))
+        except OSError:
+            continue
+        if target.name == "train_log.jsonl":
+            return target.parent.name
+    return None
+
+
 def _proc(pid: str) -> tuple[int, int, str] | None:
     """(parent pid, peak RSS in bytes (VmHWM), stdout's target) of ``pid``; None when it is gone or unreadable."""
     d = Path("/proc") / pid
@@ -32,7 +49,8 @@ class PeakRss:
     """Samples, every ``period_s`` on a thread of its own, every process below this one (a benchmark runs one command
     at a time): each process's peak RSS (``VmHWM``, the kernel's high-water mark, so no spike between samples is
     missed while the process lives) and its role: the name of the log its stdout goes to when that log is
-    ``<...>/logs/<role>.log`` (how ``p2prl swarm up`` starts its peers), else its parent's (a peer's p2pd daemon
+    ``<...>/logs/<role>.log`` (how ``p2prl swarm up`` starts its peers), or the folder of the training log it holds
+    open (the first learner, whose output is on ``swarm up``'s terminal), else its parent's (a peer's p2pd daemon
     counts with its peer). ``peaks()``: the sum of the peaks of a role's processes, by role, and of all of them
     (``TOTAL``): an upper bound of the memory they held at once (pages two processes share count twice)."""
 
@@ -68,7 +86,7 @@ class PeakRss:
                 _, hwm, out = procs[child]
                 log = Path(out)
                 peer = log.suffix == ".log" and log.parent.name == "logs"
-                roles[child] = log.stem if peer else roles[procs[child][0]]
+                roles[child] = log.stem if peer else _learner_folder(child) or roles[procs[child][0]]
                 self._hwm[child] = (roles[child], max(hwm, self._hwm.get(child, ("", 0))[1]))
                 todo.append(child)
 

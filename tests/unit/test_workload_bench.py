@@ -41,15 +41,19 @@ def test_gemm_rate_is_measured_at_the_given_threads():
 
 
 def test_peak_rss_by_peer_role(tmp_path):
-    """A peer logging to ``<out>/logs/learner.log`` counts under "learner" with its own child (a p2pd); every process
-    below the benchmark counts in the tree's total."""
+    """A peer logging to ``<out>/logs/sampler0.log`` counts under "sampler0" with its own child (a p2pd); a process
+    holding ``<out>/learner/train_log.jsonl`` open (the first learner, on swarm up's terminal) under "learner"; every
+    process below the benchmark counts in the tree's total."""
     (tmp_path / "logs").mkdir()
-    ready = [tmp_path / "peer", tmp_path / "daemon", tmp_path / "other"]
+    (tmp_path / "learner").mkdir()
+    ready = [tmp_path / "peer", tmp_path / "daemon", tmp_path / "learner-ready", tmp_path / "other"]
     peer = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {HOLD.format(n=80_000_000)!r}, "
             f"{str(ready[1])!r}], stdout=subprocess.DEVNULL); " + HOLD.format(n=40_000_000))
-    with (tmp_path / "logs" / "learner.log").open("w") as log:
+    learner = f"f = open({str(tmp_path / 'learner' / 'train_log.jsonl')!r}, 'a'); " + HOLD.format(n=60_000_000)
+    with (tmp_path / "logs" / "sampler0.log").open("w") as log:
         procs = [subprocess.Popen([sys.executable, "-c", peer, str(ready[0])], stdout=log, start_new_session=True),
-                 subprocess.Popen([sys.executable, "-c", HOLD.format(n=20_000_000), str(ready[2])],
+                 subprocess.Popen([sys.executable, "-c", learner, str(ready[2])], stdout=subprocess.DEVNULL),
+                 subprocess.Popen([sys.executable, "-c", HOLD.format(n=20_000_000), str(ready[3])],
                                   stdout=subprocess.DEVNULL)]
     try:
         deadline = time.monotonic() + 60
@@ -63,8 +67,9 @@ def test_peak_rss_by_peer_role(tmp_path):
         for p in procs:  # the peer with its daemon: its session's group
             os.killpg(p.pid, signal.SIGKILL) if p is procs[0] else p.kill()
             p.wait()
-    assert set(peaks) == {TOTAL, "learner"}
-    assert peaks["learner"] > 120e6 and peaks[TOTAL] > peaks["learner"] + 20e6
+    assert set(peaks) == {TOTAL, "sampler0", "learner"}
+    assert peaks["sampler0"] > 120e6 and 60e6 < peaks["learner"] < 120e6
+    assert peaks[TOTAL] > peaks["sampler0"] + peaks["learner"] + 20e6
     assert math_workload.rss_cell({TOTAL: 3 * 2**30, "learner": 2 * 2**30, "bootstrap": 2**29}) == \
         "3.00 (bootstrap 0.50, learner 2.00)"
 
