@@ -7,6 +7,7 @@ verifier recomputed, never a sampler's claim.
 from __future__ import annotations
 
 import math
+import time
 from functools import partial
 from pathlib import Path
 
@@ -59,6 +60,17 @@ def collate(groups: list[RolloutGroup], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
+def rollout_metrics(groups: list[RolloutGroup], rows: list[Row], rewards: torch.Tensor,
+                    version: int) -> dict[str, float]:
+    """What a step's metrics line says of the groups it trained: reward, completions, lengths, lags, and the tokens the
+    update processes (``train/tokens``: prompt + completion tokens of its rows, padding not counted)."""
+    return {"rollout/reward": float(rewards.mean()), "rollout/completions": len(rows),
+            "rollout/completion_len": float(np.mean([len(r[1]) for r in rows])),  # tokens, EOS included
+            "rollout/lag_mean": float(np.mean([version - g.policy_version for g in groups])),
+            "rollout/lag_max": float(max(version - g.policy_version for g in groups)),
+            "train/tokens": sum(len(r[0]) + len(r[1]) for r in rows)}
+
+
 def lr_factor(t: TrainConfig, step: int) -> float:
     """The learning rate of optimizer step ``step`` (0-based) as a share of ``t.lr``: linear warmup over
     ``t.warmup_frac`` of the schedule's steps (``t.lr_steps``, else ``t.steps``), then constant, or a cosine from 1
@@ -102,8 +114,10 @@ class LearnerCore:
         ``algo.batch_rows`` rows), per chunk of the step's rows shuffled (seeded by the version): each
         chunk is its own denominator, as in the authors' code. With ``train.micro_batch_tokens`` the
         step runs in micro-batches of whole groups / chunks, each loss weighted by its share of rows,
-        so the gradient is the one-pass one.
+        so the gradient is the one-pass one. Timed: ``time/gradient_s`` (forward and backward passes, wall time);
+        ``train/padded_tokens``: the tokens the passes ran on, padding included.
         """
+        started = time.perf_counter()
         a, s, model = self.cfg.algo, self.cfg.sampling, self.policy.model
         chunk_rows = self.objective.chunk_rows()
         G = groups[0].group_size
@@ -121,11 +135,13 @@ class LearnerCore:
         parts = []  # (metrics, rows, masked tokens) per loss call
         fresh = torch.tensor([groups[i // G].policy_version == self.version for i in range(len(rows))])  # lag 0 rows
         mismatch = []  # (mismatch metrics, rows) of lag-0 rows per micro-batch
+        padded = 0
         for mb in micro:
             idx = [i for u in mb for i in u]
             batch = collate_rows([rows[i] for i in idx], self.policy.pad_id)
             batch["adv"] = adv[idx]
             batch = {k: v.to(model.device) for k, v in batch.items()}
+            padded += batch["prompt"].numel() + batch["completion"].numel()
             logp = sequence_logprobs(model, batch["prompt"], batch["prompt_mask"], batch["completion"],
                                      s.temperature, s.top_k, s.top_p)  # (b, T)
             at0 = fresh[idx].to(model.device)
@@ -144,19 +160,18 @@ class LearnerCore:
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         self.optimizer.zero_grad(set_to_none=True)
         m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
-        m["rollout/reward"] = float(rewards.mean())
-        m["rollout/completions"] = len(rows)
-        m["rollout/completion_len"] = float(np.mean([len(r[1]) for r in rows]))  # tokens, EOS included
-        m["rollout/lag_mean"] = float(np.mean([self.version - g.policy_version for g in groups]))
-        m["rollout/lag_max"] = float(max(self.version - g.policy_version for g in groups))
+        m.update(rollout_metrics(groups, rows, rewards, self.version), **{"train/padded_tokens": padded})
         if mismatch:
             n = sum(k for _, k in mismatch)
             m["rollout/lag0_logprob_abs"] = sum(x["abs"] * k for x, k in mismatch) / n
             m["rollout/lag0_k3"] = sum(x["k3"] * k for x, k in mismatch) / n
-        return flat.float().cpu(), m
+        flat, m["time/gradient_s"] = flat.float().cpu(), time.perf_counter() - started
+        return flat, m
 
     def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
-        """Clip ``flat_grad``, take one optimizer step with it; advances the policy version."""
+        """Clip ``flat_grad``, take one optimizer step with it; advances the policy version. Timed:
+        ``time/optimizer_s`` (clip and AdamW step, wall time)."""
+        started = time.perf_counter()
         offset = 0
         for p in self.params:
             p.grad = flat_grad[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype, copy=True)
@@ -169,12 +184,16 @@ class LearnerCore:
         self.version += 1
         metrics["policy/version"] = self.version
         metrics["optim/lr"] = self.scheduler.get_last_lr()[0]
+        metrics["time/optimizer_s"] = time.perf_counter() - started
         return metrics
 
     def step(self, groups: list[RolloutGroup]) -> dict[str, float]:
-        """One optimizer step on ``groups``; advances the policy version."""
+        """One optimizer step on ``groups``; advances the policy version. ``time/update_s``: the update's wall time
+        (gradient and optimizer step: no generation, no evaluation)."""
         grad, metrics = self.gradient(groups)
-        return {**metrics, **self.apply(grad)}
+        metrics.update(self.apply(grad))
+        metrics["time/update_s"] = metrics["time/gradient_s"] + metrics["time/optimizer_s"]
+        return metrics
 
     # ---- state shared between learners (weights + optimizer), typed: safetensors + ints ----------
     def optimizer_blob(self) -> bytes:
