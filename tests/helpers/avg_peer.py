@@ -67,6 +67,12 @@ def scenarios(out: Path, name: str, node: SwarmNode, n: int, grad: torch.Tensor,
     while not (out / "go").exists():
         threading.Event().wait(0.05)
     for i, (agg, attack) in enumerate(runs):
+        # every member starts scenario i together (a barrier of files), not as soon as its own last round ended: a
+        # member whose round ran to its time limit would otherwise come to matchmaking after the others gave up
+        (out / f"{name}.at{i}").write_text("1")
+        deadline = time.monotonic() + 120
+        while len(list(out.glob(f"*.at{i}"))) < group and time.monotonic() < deadline:
+            threading.Event().wait(0.05)
         r = rounds["mean" if agg == "mean" else "robust"]
         if agg != "mean":  # the same robust averager, this scenario's rule (every member switches alike)
             r.rule = Rule(agg, clip_norm)
