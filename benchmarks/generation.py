@@ -162,7 +162,9 @@ def main() -> None:
     ]
     body = "\n".join(lines)
     print(body)
-    command = ".venv-vllm/bin/python benchmarks/generation.py" + (f" --model {args.model}" if args.model else "")
+    command = (".venv-vllm/bin/python benchmarks/generation.py" + (f" --model {args.model}" if args.model else "")
+               + (f" --prompts {args.prompts}" if args.prompts != 4 else "")
+               + (f" --rounds {args.rounds}" if args.rounds != 5 else ""))
     write_section(section, title, command, body)
 
 
