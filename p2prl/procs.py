@@ -41,6 +41,17 @@ def die_with_parent(parent: int):
     return set_pdeathsig if sys.platform.startswith("linux") else None
 
 
+def trim_heap() -> bool:
+    """Hand the free memory inside this process's heap back to the system (glibc's ``malloc_trim``); False where
+    there is none to call. A learner or sampler of a real model allocates and frees weight-sized buffers (a
+    version's serialized weights, its tensors) among many small ones: freed ones left between live ones stay
+    resident, and a process's memory grows version after version unless they are handed back."""
+    try:
+        return bool(ctypes.CDLL(None).malloc_trim(0))
+    except (OSError, AttributeError):
+        return False
+
+
 def children_of(pid: int) -> list[int]:
     """The live child processes of ``pid``, from /proc (Linux; elsewhere none)."""
     out = []

@@ -131,7 +131,7 @@ class LearnerCore:
             units = [list(range(i, i + G)) for i in range(0, len(rows), G)]
         micro = pack_units(units, [len(r[0]) for r in rows], [len(r[1]) for r in rows],
                            self.cfg.train.micro_batch_tokens)
-        self.optimizer.zero_grad(set_to_none=True)
+        flat = self._grad_buffer()
         parts = []  # (metrics, rows, masked tokens) per loss call
         fresh = torch.tensor([groups[i // G].policy_version == self.version for i in range(len(rows))])  # lag 0 rows
         mismatch = []  # (mismatch metrics, rows) of lag-0 rows per micro-batch
@@ -157,7 +157,8 @@ class LearnerCore:
                 total = total + loss * (len(piece) / len(rows))
                 parts.append((m, len(piece), float(sub["mask"].sum()) if self.objective.token_weighted else 0.0))
             total.backward()
-        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        if flat is None:
+            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
         self.optimizer.zero_grad(set_to_none=True)
         m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
         m.update(rollout_metrics(groups, rows, rewards, self.version), **{"train/padded_tokens": padded})
@@ -168,18 +169,38 @@ class LearnerCore:
         flat, m["time/gradient_s"] = flat.float().cpu(), time.perf_counter() - started
         return flat, m
 
-    def apply(self, flat_grad: torch.Tensor) -> dict[str, float]:
+    def _grad_buffer(self) -> torch.Tensor | None:
+        """One zeroed flat tensor whose slices become the parameters' gradients, so that the backward passes
+        accumulate into the flat gradient (adding to zero is exact: the same bits as ``torch.cat`` of fresh
+        gradients) and no second copy of it is ever made; None where the parameters differ in dtype or device."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if len({(p.dtype, p.device) for p in self.params}) != 1:
+            return None
+        flat = torch.zeros(self.n_params, dtype=self.params[0].dtype, device=self.params[0].device)
+        offset = 0
+        for p in self.params:
+            p.grad = flat[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
+        return flat
+
+    def apply(self, flat_grad: torch.Tensor, *, take: bool = False) -> dict[str, float]:
         """Clip ``flat_grad``, take one optimizer step with it; advances the policy version. Timed:
-        ``time/optimizer_s`` (clip and AdamW step, wall time)."""
+        ``time/optimizer_s`` (clip and AdamW step, wall time). ``take``: the caller hands ``flat_grad`` over: it
+        becomes the parameters' gradient without a copy where its dtype and device are theirs (the clip scales it
+        in place), and is emptied after the step, so that no full-size gradient outlives the step (the weights are
+        serialized next, beside the versions kept)."""
         started = time.perf_counter()
         offset = 0
         for p in self.params:
-            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype, copy=True)
+            p.grad = flat_grad[offset : offset + p.numel()].view_as(p).to(p.device, p.dtype, copy=not take)
             offset += p.numel()
         metrics = {"loss/grad_norm": float(
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.train.max_grad_norm)
         )}
         self.optimizer.step()
+        if take:
+            self.optimizer.zero_grad(set_to_none=True)
+            flat_grad.set_()  # its memory goes with the gradients' views
         self.scheduler.step()
         self.version += 1
         metrics["policy/version"] = self.version
@@ -191,7 +212,7 @@ class LearnerCore:
         """One optimizer step on ``groups``; advances the policy version. ``time/update_s``: the update's wall time
         (gradient and optimizer step: no generation, no evaluation)."""
         grad, metrics = self.gradient(groups)
-        metrics.update(self.apply(grad))
+        metrics.update(self.apply(grad, take=True))
         metrics["time/update_s"] = metrics["time/gradient_s"] + metrics["time/optimizer_s"]
         return metrics
 

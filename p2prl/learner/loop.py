@@ -44,6 +44,7 @@ from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
 from p2prl.learner.rounds import LearnerRounds, Step
 from p2prl.learner import report
+from p2prl.procs import trim_heap
 from p2prl.learner.report import LearnerReport
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
 from p2prl.learner.state import LearnerState
@@ -242,7 +243,7 @@ class Learner:
         # one unit for a `state` snapshot (step_lock): the new weights together with their groups in the ledger
         # (a snapshot between the two once sent v with the groups of v-1 only, and its taker trained v's again)
         with self.step_lock:
-            step.metrics.update(self.core.apply(r.grad))
+            step.metrics.update(self.core.apply(r.grad, take=True))  # r.grad is not used after
             v = self.core.version
             weights_blob, sha = serialize_weights(self.core.policy.model)
             # on disk before anyone hears of v: every published version has its training-log line and own groups
@@ -265,6 +266,7 @@ class Learner:
         self.publish(r.weight, (weights_blob, sha))
         if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
             self.checkpoint()
+        trim_heap()  # the step's freed buffers, and the version that left the store
         self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - step.started)
         reward = step.metrics.get("rollout/reward")
         if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound

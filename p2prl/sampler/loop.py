@@ -44,6 +44,7 @@ from p2prl.config import Config
 from p2prl.rollout.delay import SyncDelay
 from p2prl.policy import Policy, load_policy
 from p2prl.policy.backends import make_generator
+from p2prl.procs import trim_heap
 from p2prl.rollout.record import encode_group
 from p2prl.sampler.core import SamplerCore
 from p2prl.sampler.delivery import LearnerLink
@@ -195,6 +196,7 @@ class Sampler:
                 self.counts["weights/unloadable"] += 1
             log.warning("policy v%d from %s does not load into this model: %s", rec.version, publisher[-6:], e)
             return
+        trim_heap()  # the load's temporaries: a real model's are weight-sized
         self.next_sync = rec.version + max(1, self.delay.draw())
         self.loads += 1
         self.loaded.append(rec.version)
