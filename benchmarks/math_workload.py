@@ -6,10 +6,12 @@
     python benchmarks/math_workload.py --runs lora
     python -m p2prl.policy.smollm2   # once: imports SmolLM2-135M-Instruct for the next line
     python benchmarks/math_workload.py --config configs/smollm2.toml --limit-s 3600
+    .venv-vllm/bin/python benchmarks/math_workload.py --config configs/smollm2.toml --runs swarm --vllm-samplers 1
 
 1. ``p2prl train --config <config>`` (one process: sampler half and learner half);
 2. ``p2prl swarm up --config <config> --samplers 2`` (bootstrap, learner and 2 samplers as separate processes on
-   127.0.0.1, loopback-only settings);
+   127.0.0.1, loopback-only settings); ``--vllm-samplers K``: K of the two generate on vLLM (``swarm up
+   --vllm-samplers``; run the benchmark with vLLM's venv, ``.venv-vllm/bin/python``), in a section of its own;
 3. TRL's ``GRPOTrainer`` on the same model folder (the config's ``model.path``), training problems, prompts (the
    task's chat template and system prompt, as p2prl renders them), group size, completion length, temperature,
    batch (``train.groups_per_step`` groups a step), optimizer (torch's AdamW with p2prl's own schedule,
@@ -59,11 +61,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import TOTAL, PeakRss, gemm_gflops  # noqa: E402
 from _results import write_section  # noqa: E402
-from swarm_vs_train import read_lines, run_until, train_base  # noqa: E402
+from swarm_vs_train import read_lines, run_until, swarm_base, train_base  # noqa: E402
 from weight_fanout import learner_dir, run_swarm  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = "configs/math.toml"  # --config sets it (and hands it to the TRL child)
+VLLM_SAMPLERS = 0  # --vllm-samplers sets it: of the swarm's 2 samplers, how many generate on vLLM
 SECTIONS = {"configs/math.toml": ("math_workload", "Word-problem math (configs/math.toml)"),
             "configs/smollm2.toml": ("smollm2_workload", "SmolLM2-135M-Instruct (configs/smollm2.toml)")}
 GAIN = 0.20
@@ -135,15 +138,12 @@ def run_p2prl_train(out: Path, overrides: list[str], steps: int, limit_s: float,
 
 
 def run_p2prl_swarm(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path) -> dict:
-    args = ["--config", CONFIG, "--fresh", "--no-progress", "--samplers", "2", f"train.out_dir={out}",
-            f"net.run_id=bench-{Path(CONFIG).stem}", *overrides]
+    args = ["--config", CONFIG, "--fresh", "--no-progress", "--samplers", "2", "--vllm-samplers", str(VLLM_SAMPLERS),
+            f"train.out_dir={out}", f"net.run_id=bench-{Path(CONFIG).stem}", *overrides]
     _, t0 = run_swarm(args, limit_s, log_path, until=lambda: reached(learner_dir(out) / "metrics.jsonl", steps))
     d = learner_dir(out)
-    try:
-        base = json.loads((d / "checkpoint" / "state.json").read_text()).get("base_acc")
-    except (OSError, ValueError):
-        base = None
-    return summarize("p2prl swarm up --samplers 2", read_lines(d / "metrics.jsonl"), base, t0, limit_s)
+    name = "p2prl swarm up --samplers 2" + (f" --vllm-samplers {VLLM_SAMPLERS}" if VLLM_SAMPLERS else "")
+    return summarize(name, read_lines(d / "metrics.jsonl"), swarm_base(d), t0, limit_s)
 
 
 def run_lora(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path) -> dict:
@@ -416,15 +416,18 @@ def report(results: list[dict], cfg, fig: dict, kinds: list[str], limit_s: float
 
 
 def main() -> None:
-    global CONFIG
+    global CONFIG, VLLM_SAMPLERS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default=CONFIG, help="the workload (a path relative to the checkout)")
     ap.add_argument("--limit-s", type=float, default=900.0, help="wall-clock budget of each run")
     ap.add_argument("--runs", default="train,swarm,trl", help=f"comma-separated, of {', '.join(RUNS)}")
+    ap.add_argument("--vllm-samplers", type=int, choices=(0, 1, 2), default=0,
+                    help="of the swarm's 2 samplers, how many generate on vLLM (run this with vLLM's venv: "
+                    ".venv-vllm/bin/python; README, 'vLLM backend')")
     ap.add_argument("--trl-child", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
-    CONFIG = a.config
+    CONFIG, VLLM_SAMPLERS = a.config, a.vllm_samplers
     if a.trl_child:
         return trl_child(a.trl_child, a.overrides)
     from p2prl.config import load_config
@@ -457,10 +460,15 @@ def main() -> None:
     shown = " ".join(["python benchmarks/math_workload.py"]
                      + ([f"--config {CONFIG}"] if CONFIG != "configs/math.toml" else [])
                      + ([f"--limit-s {a.limit_s:.0f}"] if a.limit_s != 900 else [])
-                     + ([f"--runs {a.runs}"] if a.runs != "train,swarm,trl" else []) + a.overrides)
+                     + ([f"--runs {a.runs}"] if a.runs != "train,swarm,trl" else [])
+                     + ([f"--vllm-samplers {VLLM_SAMPLERS}"] if VLLM_SAMPLERS else []) + a.overrides)
+    if VLLM_SAMPLERS and "swarm" in kinds:
+        shown = ".venv-vllm/bin/" + shown
     section, heading = SECTIONS.get(CONFIG, (f"workload_{Path(CONFIG).stem}", f"Workload {CONFIG}"))
     name = section + ("" if a.runs == "train,swarm,trl" else "_" + "_".join(kinds))
     title = "p2prl train, swarm and TRL" if a.runs == "train,swarm,trl" else ", ".join(kinds)
+    if VLLM_SAMPLERS and "swarm" in kinds:
+        name, title = f"{name}_vllm{VLLM_SAMPLERS}", f"{title} ({VLLM_SAMPLERS} of the swarm's samplers on vLLM)"
     write_section(name, f"{heading}: {title}", shown, body)
 
 

