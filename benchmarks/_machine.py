@@ -51,7 +51,7 @@ class PeakRss:
     missed while the process lives) and its role: the name of the log its stdout goes to when that log is
     ``<...>/logs/<role>.log`` (how ``p2prl swarm up`` starts its peers), or the folder of the training log it holds
     open (the first learner, whose output is on ``swarm up``'s terminal), else its parent's (a peer's p2pd daemon
-    counts with its peer). ``peaks()``: the sum of the peaks of a role's processes, by role, and of all of them
+    counts with its peer); a process keeps the role it was once seen with. ``peaks()``: the sum of the peaks of a role's processes, by role, and of all of them
     (``TOTAL``): an upper bound of the memory they held at once (pages two processes share count twice)."""
 
     def __init__(self, period_s: float = 1.0):
@@ -86,8 +86,11 @@ class PeakRss:
                 _, hwm, out = procs[child]
                 log = Path(out)
                 peer = log.suffix == ".log" and log.parent.name == "logs"
-                roles[child] = log.stem if peer else _learner_folder(child) or roles[procs[child][0]]
-                self._hwm[child] = (roles[child], max(hwm, self._hwm.get(child, ("", 0))[1]))
+                seen, peak = self._hwm.get(child, (TOTAL, 0))
+                # a role once known stays: the first learner closes its training log as it stops
+                roles[child] = (log.stem if peer else _learner_folder(child)
+                                or (seen if seen != TOTAL else roles[procs[child][0]]))
+                self._hwm[child] = (roles[child], max(hwm, peak))
                 todo.append(child)
 
     def peaks(self) -> dict[str, int]:

@@ -49,7 +49,12 @@ def test_peak_rss_by_peer_role(tmp_path):
     ready = [tmp_path / "peer", tmp_path / "daemon", tmp_path / "learner-ready", tmp_path / "other"]
     peer = (f"import subprocess, sys; subprocess.Popen([sys.executable, '-c', {HOLD.format(n=80_000_000)!r}, "
             f"{str(ready[1])!r}], stdout=subprocess.DEVNULL); " + HOLD.format(n=40_000_000))
-    learner = f"f = open({str(tmp_path / 'learner' / 'train_log.jsonl')!r}, 'a'); " + HOLD.format(n=60_000_000)
+    closing, closed = tmp_path / "close-log", tmp_path / "log-closed"
+    # the learner closes its training log as it stops: it keeps its role
+    learner = (f"import os, sys, time; f = open({str(tmp_path / 'learner' / 'train_log.jsonl')!r}, 'a'); "
+               f"x = bytearray(60_000_000); open(sys.argv[1], 'w').close()\n"
+               f"while not os.path.exists({str(closing)!r}): time.sleep(0.02)\n"
+               f"f.close(); open({str(closed)!r}, 'w').close(); time.sleep(60)")
     with (tmp_path / "logs" / "sampler0.log").open("w") as log:
         procs = [subprocess.Popen([sys.executable, "-c", peer, str(ready[0])], stdout=log, start_new_session=True),
                  subprocess.Popen([sys.executable, "-c", learner, str(ready[2])], stdout=subprocess.DEVNULL),
@@ -61,6 +66,11 @@ def test_peak_rss_by_peer_role(tmp_path):
             assert time.monotonic() < deadline, "the test's processes did not start"
             time.sleep(0.05)
         rss = PeakRss()
+        rss.sample()
+        closing.touch()
+        while not closed.exists():
+            assert time.monotonic() < deadline, "the learner did not close its log"
+            time.sleep(0.05)
         rss.sample()
         peaks = rss.peaks()
     finally:
