@@ -52,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -143,7 +144,23 @@ def run_p2prl_swarm(out: Path, overrides: list[str], steps: int, limit_s: float,
     _, t0 = run_swarm(args, limit_s, log_path, until=lambda: reached(learner_dir(out) / "metrics.jsonl", steps))
     d = learner_dir(out)
     name = "p2prl swarm up --samplers 2" + (f" --vllm-samplers {VLLM_SAMPLERS}" if VLLM_SAMPLERS else "")
-    return summarize(name, read_lines(d / "metrics.jsonl"), swarm_base(d), t0, limit_s)
+    return {**summarize(name, read_lines(d / "metrics.jsonl"), swarm_base(d), t0, limit_s),
+            "samplers": sampler_counts(out / "logs", 2)}
+
+
+STATUS = re.compile(r"p2prl\.sampler\.loop: policy v\d+ .*?(\d+) groups made, (\d+) accepted, (\d+) confirmed trained")
+
+
+def sampler_counts(logs: Path, n: int) -> list[tuple[str, int, int]]:
+    """(sampler, groups made, groups confirmed trained) from the last status line of each sampler's log (swarm up
+    starts the vLLM ones first)."""
+    out = []
+    for i in range(n):
+        log = logs / f"sampler{i}.log"
+        found = STATUS.findall(log.read_text(errors="replace")) if log.is_file() else []
+        backend = "vLLM" if i < VLLM_SAMPLERS else "transformers"
+        out.append((f"sampler{i} ({backend})", int(found[-1][0]) if found else 0, int(found[-1][2]) if found else 0))
+    return out
 
 
 def run_lora(out: Path, overrides: list[str], steps: int, limit_s: float, log_path: Path) -> dict:
@@ -380,6 +397,9 @@ def report(results: list[dict], cfg, fig: dict, kinds: list[str], limit_s: float
         if "lora_bytes" in r:
             verdicts.append(f"bytes a version takes: LoRA adapters {r['lora_bytes']:,} against full weights "
                             f"{r['full_bytes']:,} ({r['full_bytes'] / r['lora_bytes']:.1f}x fewer)")
+    for r in (x for x in results if x.get("samplers")):
+        verdicts.append(f"`{r['name']}`'s samplers, by their last status lines: " + ", ".join(
+            f"{name} made {made} groups, {trained} confirmed trained" for name, made, trained in r["samplers"]))
     far = [between(r, cfg) for r in results if (r.get("floor_ratio") or 0) > FLOOR_TARGET]
     trl_step = f"{trl_r['trl_step_s']:.2f} s" if trl_r and trl_r.get("trl_step_s") else "-"
     return body + "\n\n" + "; ".join(verdicts) + ".\n\n" + (

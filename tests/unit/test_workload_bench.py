@@ -120,3 +120,11 @@ def test_learner_step_against_its_flop_floor_and_the_report():
     assert "(measured before the runs: 500.0, after: 600.0; the higher is taken) with 512 rows on 2 threads" in \
         math_workload.report(results, cfg, fig, ["train"], 900, 0.0)
     assert "TRL's own `step_time`, generation included and optimizer step not: 30.00 s" in text
+
+
+def test_samplers_counts_come_from_their_last_status_lines(tmp_path, monkeypatch):
+    monkeypatch.setattr(math_workload, "VLLM_SAMPLERS", 1)
+    status = "09:0{} INFO [sampler] p2prl.sampler.loop: policy v{} (lag 1): {} groups made, {} accepted, {} " \
+             "confirmed trained, 4 wasted as stale, 0.04 groups/s\n"
+    (tmp_path / "sampler0.log").write_text(status.format(1, 3, 16, 8, 4) + "noise\n" + status.format(2, 9, 40, 30, 28))
+    assert math_workload.sampler_counts(tmp_path, 2) == [("sampler0 (vLLM)", 40, 28), ("sampler1 (transformers)", 0, 0)]
