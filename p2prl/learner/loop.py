@@ -245,6 +245,9 @@ class Learner:
         with self.step_lock:
             step.metrics.update(self.core.apply(r.grad, take=True))  # r.grad is not used after
             v = self.core.version
+            # room for v's weights first: the version leaving the spot checks' window, and the step's freed memory
+            self.spot.make_room(v)
+            trim_heap()
             weights_blob, sha = serialize_weights(self.core.policy.model)
             # on disk before anyone hears of v: every published version has its training-log line and own groups
             retrained = self.state.retrained(batch)  # own groups of a lost history, retrained outside the window
@@ -266,7 +269,7 @@ class Learner:
         self.publish(r.weight, (weights_blob, sha))
         if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
             self.checkpoint()
-        trim_heap()  # the step's freed buffers, and the version that left the store
+        trim_heap()  # the evaluation's freed memory, and the version that left the store
         self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - step.started)
         reward = step.metrics.get("rollout/reward")
         if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound

@@ -189,6 +189,13 @@ class SpotChecker:
             while len(self._versions) > 1 and (len(self._versions) > self.keep_n or size > self.keep_bytes):
                 size -= len(self._versions.popitem(last=False)[1][1])
 
+    def make_room(self, version: int) -> None:
+        """Let go now of the versions that leave the window once ``version`` is kept: called before its weights are
+        serialized, so that they and all the versions kept are never in memory at once."""
+        with self._lock:
+            for v in [v for v in self._versions if v <= version - self.keep_n]:
+                del self._versions[v]
+
     def wants(self, group_id: str, sampler: str) -> bool:
         """Whether to check this group: one of ``sampler``'s first ``first``, or picked by the keyed hash."""
         if self.model is None:

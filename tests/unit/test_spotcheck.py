@@ -142,6 +142,17 @@ def test_kept_versions_fit_the_memory_budget():
     assert checker.metrics()["spot/versions_kept"] == 1
 
 
+def test_room_is_made_before_the_next_version_is_kept():
+    _, learner, checker, _ = setup("staleness.max_staleness=2")
+    blob, sha = serialize_weights(learner.model)
+    for v in range(1, 4):
+        checker.keep(v, sha, blob)
+    checker.make_room(4)  # v4's window is 2..4: v1 goes before v4's weights exist
+    assert list(checker._versions) == [2, 3]
+    checker.keep(4, sha, blob)
+    assert list(checker._versions) == [2, 3, 4]
+
+
 def test_odd_shapes_do_not_raise():
     cfg, _, checker, sampler = setup()
     g = sampler.rollout([7])[0]
