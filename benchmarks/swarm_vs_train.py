@@ -57,10 +57,16 @@ def first_hit(lines: list[dict], base: float | None) -> dict | None:
 
 
 def swarm_base(out: Path) -> float | None:
+    """The base accuracy a swarm learner writing to ``out`` evaluated: from its checkpoint, else (stopped before
+    its first) from the line its log (``swarm up``'s ``logs/learner.log`` beside ``out``) says it in."""
     try:
         return json.loads((out / "checkpoint" / "state.json").read_text()).get("base_acc")
     except (OSError, ValueError):
-        return None
+        pass
+    log = out.parent / "logs" / "learner.log"
+    said = re.findall(r"held-out accuracy of the base \(v\d+\): ([0-9.]+)", log.read_text(errors="replace")) \
+        if log.is_file() else []
+    return float(said[-1]) if said else None
 
 
 def train_base(lines: list[dict]) -> float | None:

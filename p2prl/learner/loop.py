@@ -197,6 +197,7 @@ class Learner:
         self.membership.serve()
         if self.base_acc is None:
             self.base_acc = self.evaluate()
+            log.info("held-out accuracy of the base (v%d): %.4f", self.core.version, self.base_acc)
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
         self.best = max(self.base_acc, self.saved_acc[1] or 0.0)
         self.complete_before = self.core.version >= t.steps

@@ -128,3 +128,17 @@ def test_samplers_counts_come_from_their_last_status_lines(tmp_path, monkeypatch
              "confirmed trained, 4 wasted as stale, 0.04 groups/s\n"
     (tmp_path / "sampler0.log").write_text(status.format(1, 3, 16, 8, 4) + "noise\n" + status.format(2, 9, 40, 30, 28))
     assert math_workload.sampler_counts(tmp_path, 2) == [("sampler0 (vLLM)", 40, 28), ("sampler1 (transformers)", 0, 0)]
+
+
+def test_swarm_base_from_the_checkpoint_else_from_the_learners_log(tmp_path):
+    from swarm_vs_train import swarm_base
+
+    (tmp_path / "learner").mkdir()
+    (tmp_path / "logs").mkdir()
+    assert swarm_base(tmp_path / "learner") is None
+    (tmp_path / "logs" / "learner.log").write_text(
+        "07:37:06 INFO [learner] p2prl.learner.loop: held-out accuracy of the base (v0): 0.4531\n")
+    assert swarm_base(tmp_path / "learner") == 0.4531  # stopped before its first checkpoint
+    (tmp_path / "learner" / "checkpoint").mkdir()
+    (tmp_path / "learner" / "checkpoint" / "state.json").write_text('{"base_acc": 0.5}')
+    assert swarm_base(tmp_path / "learner") == 0.5
