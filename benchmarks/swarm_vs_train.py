@@ -64,7 +64,7 @@ def swarm_base(out: Path) -> float | None:
     except (OSError, ValueError):
         pass
     log = out.parent / "logs" / "learner.log"
-    said = re.findall(r"held-out accuracy of the base \(v\d+\): ([0-9.]+)", log.read_text(errors="replace")) \
+    said = re.findall(r"serving run .* \(base held-out accuracy ([0-9.]+)\)", log.read_text(errors="replace")) \
         if log.is_file() else []
     return float(said[-1]) if said else None
 

@@ -121,8 +121,7 @@ def _prepare(cfg: Config, fresh: bool, n_learners: int) -> tuple[Path, Path]:
 def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_samplers: int, fresh: bool, main: Main,
              progress: bool = True, n_learners: int = 1, as_json: bool = False, metrics_port: int = 0,
              n_vllm: int = 0) -> int:
-    """Run a local swarm (a bootstrap, ``n_learners`` learners and ``n_samplers`` samplers, the first ``n_vllm`` of
-    them on vLLM) until the first learner ends; its exit code."""
+    """Run a local swarm until its first learner ends (the first ``n_vllm`` samplers on vLLM); its exit code."""
     out, logs = _prepare(cfg, fresh, n_learners)
     common = (["--config", config_path] if config_path else []) + ["--run-id", cfg.net.run_id, "--loopback"]
     if cfg.train.threads == 0:  # share the cores instead of oversubscribing them (torch's default: all cores each)

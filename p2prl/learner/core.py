@@ -25,6 +25,7 @@ from p2prl.config import Config, TrainConfig
 from p2prl.policy import Policy, load_policy, sequence_logprobs
 from p2prl.rollout.record import RolloutGroup
 from p2prl.policy.weights import load_weights
+from p2prl.procs import trim_heap
 
 
 Row = tuple[np.ndarray, np.ndarray, np.ndarray]  # one completion: prompt ids (P,), tokens (L,), logq (L,)
@@ -157,8 +158,7 @@ class LearnerCore:
                 total = total + loss * (len(piece) / len(rows))
                 parts.append((m, len(piece), float(sub["mask"].sum()) if self.objective.token_weighted else 0.0))
             total.backward()
-        if flat is None:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+        flat = self._concat_grads() if flat is None else flat
         self.optimizer.zero_grad(set_to_none=True)
         m = {f"loss/{k}": v for k, v in merge_metrics(parts).items()}
         m.update(rollout_metrics(groups, rows, rewards, self.version), **{"train/padded_tokens": padded})
@@ -183,6 +183,9 @@ class LearnerCore:
             offset += p.numel()
         return flat
 
+    def _concat_grads(self) -> torch.Tensor:
+        return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in self.params])
+
     def apply(self, flat_grad: torch.Tensor, *, take: bool = False) -> dict[str, float]:
         """Clip ``flat_grad``, take one optimizer step with it; advances the policy version. Timed:
         ``time/optimizer_s`` (clip and AdamW step, wall time). ``take``: the caller hands ``flat_grad`` over: it
@@ -201,6 +204,7 @@ class LearnerCore:
         if take:
             self.optimizer.zero_grad(set_to_none=True)
             flat_grad.set_()  # its memory goes with the gradients' views
+            trim_heap()  # and the step's freed memory: the version's weights are serialized next
         self.scheduler.step()
         self.version += 1
         metrics["policy/version"] = self.version

@@ -44,7 +44,6 @@ from p2prl.learner.intake import RolloutIntake
 from p2prl.learner.ledger import GroupLedger, OwnGroupFiles
 from p2prl.learner.rounds import LearnerRounds, Step
 from p2prl.learner import report
-from p2prl.procs import trim_heap
 from p2prl.learner.report import LearnerReport
 from p2prl.learner.spotcheck import SpotChecker, learner_salt
 from p2prl.learner.state import LearnerState
@@ -134,12 +133,10 @@ class Learner:
         self.best, self.complete_before = 0.0, False
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        # read by poll_ahead, a poll after it was sent
-        self.newest = Prefetch(node.records.latest_policy, "newest-version")
+        self.newest = Prefetch(node.records.latest_policy, "newest-version")  # read by poll_ahead, a poll after
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
-        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch,
-                              self.min_upload_bps)
+        self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch, self.min_upload_bps)
         # its own tokenizer: records are verified on the admission thread while evaluation pads on this one
         verifier = Verifier(self.task, copy.deepcopy(self.core.policy.tokenizer), self.core.policy.vocab_size,
                             cfg.net.run_id, s.group_size, s.max_new_tokens, task_seed=cfg.task.seed)
@@ -197,12 +194,12 @@ class Learner:
         self.membership.serve()
         if self.base_acc is None:
             self.base_acc = self.evaluate()
-            log.info("held-out accuracy of the base (v%d): %.4f", self.core.version, self.base_acc)
         self.acc = self.saved_acc[0] if self.saved_acc[0] is not None else self.base_acc
         self.best = max(self.base_acc, self.saved_acc[1] or 0.0)
         self.complete_before = self.core.version >= t.steps
-        log.info("learner %s serving run %r at version %d; peers can join via %s",
-                 self.node.short_id, cfg.net.run_id, self.core.version, " ".join(self.node.visible_maddrs()[:1]))
+        log.info("learner %s serving run %r at version %d (base held-out accuracy %.4f); peers can join via %s",
+                 self.node.short_id, cfg.net.run_id, self.core.version, self.base_acc,
+                 " ".join(self.node.visible_maddrs()[:1]))
         self.sink = JsonlSink(self.out / "metrics.jsonl", lambda e: disk_error(self.out, e, "metrics.jsonl"))
         self.bar = progress_bar(total=t.steps, initial=self.core.version, disable=not progress, desc="learner")
         self.last_check = self.started = self.version_since = time.time()
@@ -246,9 +243,7 @@ class Learner:
         with self.step_lock:
             step.metrics.update(self.core.apply(r.grad, take=True))  # r.grad is not used after
             v = self.core.version
-            # room for v's weights first: the version leaving the spot checks' window, and the step's freed memory
-            self.spot.make_room(v)
-            trim_heap()
+            self.spot.make_room(v)  # before v's weights are serialized: the version leaving the checks' window
             weights_blob, sha = serialize_weights(self.core.policy.model)
             # on disk before anyone hears of v: every published version has its training-log line and own groups
             retrained = self.state.retrained(batch)  # own groups of a lost history, retrained outside the window
@@ -270,7 +265,6 @@ class Learner:
         self.publish(r.weight, (weights_blob, sha))
         if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
             self.checkpoint()
-        trim_heap()  # the evaluation's freed memory, and the version that left the store
         self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - step.started)
         reward = step.metrics.get("rollout/reward")
         if batch and reward is not None and math.isfinite(reward) and abs(reward) <= 1e6:  # the peer record's bound

@@ -16,11 +16,15 @@ def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peer
     out = tmp_path / "learner"
     hold = tmp_path / "hold"
     hold.touch()
+    # a window no kept group can age out of, whatever the pace: once released, the learner steps several versions
+    # a second, and a sampler whose resend was delayed (one failed stream, and its back-off) once saw its kept
+    # groups rejected as stale
+    window = "staleness.max_staleness=1000"
     peers.join("learner", "learner", maddr, "train.steps=1000", "flow.queue_steps=1", f"testing.hold_file={hold}",
-               out=out)
+               window, out=out)
     acks = {s: tmp_path / f"{s}.acks" for s in ("s0", "s1")}
     for s, f in acks.items():
-        peers.join(s, "sampler", maddr, f"testing.ack_log={f}")  # work pushed (flow.pull_work off): busy guards
+        peers.join(s, "sampler", maddr, f"testing.ack_log={f}", window)  # work pushed (flow.pull_work off)
 
     def busy_ids():
         return {gid for s in acks for gid in re.findall(r"busy: group (\S+) kept", peers.log(s))}

@@ -137,7 +137,8 @@ def test_swarm_base_from_the_checkpoint_else_from_the_learners_log(tmp_path):
     (tmp_path / "logs").mkdir()
     assert swarm_base(tmp_path / "learner") is None
     (tmp_path / "logs" / "learner.log").write_text(
-        "07:37:06 INFO [learner] p2prl.learner.loop: held-out accuracy of the base (v0): 0.4531\n")
+        "07:37:06 INFO [learner] p2prl.learner.loop: learner gs88Lw serving run 'r' at version 0 (base held-out "
+        "accuracy 0.4531); peers can join via /ip4/127.0.0.1/tcp/39155/p2p/Qm\n")
     assert swarm_base(tmp_path / "learner") == 0.4531  # stopped before its first checkpoint
     (tmp_path / "learner" / "checkpoint").mkdir()
     (tmp_path / "learner" / "checkpoint" / "state.json").write_text('{"base_acc": 0.5}')
