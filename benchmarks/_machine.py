@@ -51,8 +51,9 @@ class PeakRss:
     missed while the process lives) and its role: the name of the log its stdout goes to when that log is
     ``<...>/logs/<role>.log`` (how ``p2prl swarm up`` starts its peers), or the folder of the training log it holds
     open (the first learner, whose output is on ``swarm up``'s terminal), else its parent's (a peer's p2pd daemon
-    counts with its peer); a process keeps the role it was once seen with. ``peaks()``: the sum of the peaks of a role's processes, by role, and of all of them
-    (``TOTAL``): an upper bound of the memory they held at once (pages two processes share count twice)."""
+    counts with its peer); a process keeps the role it was once seen with. ``peaks()``: the sum of the peaks of a
+    role's processes, by role, and of all of them (``TOTAL``): an upper bound of the memory they held at once
+    (pages two processes share count twice)."""
 
     def __init__(self, period_s: float = 1.0):
         self.period_s = period_s

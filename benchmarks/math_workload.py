@@ -482,12 +482,11 @@ def main() -> None:
                      + ([f"--limit-s {a.limit_s:.0f}"] if a.limit_s != 900 else [])
                      + ([f"--runs {a.runs}"] if a.runs != "train,swarm,trl" else [])
                      + ([f"--vllm-samplers {VLLM_SAMPLERS}"] if VLLM_SAMPLERS else []) + a.overrides)
-    if VLLM_SAMPLERS and "swarm" in kinds:
-        shown = ".venv-vllm/bin/" + shown
     section, heading = SECTIONS.get(CONFIG, (f"workload_{Path(CONFIG).stem}", f"Workload {CONFIG}"))
     name = section + ("" if a.runs == "train,swarm,trl" else "_" + "_".join(kinds))
     title = "p2prl train, swarm and TRL" if a.runs == "train,swarm,trl" else ", ".join(kinds)
     if VLLM_SAMPLERS and "swarm" in kinds:
+        shown = ".venv-vllm/bin/" + shown
         name, title = f"{name}_vllm{VLLM_SAMPLERS}", f"{title} ({VLLM_SAMPLERS} of the swarm's samplers on vLLM)"
     write_section(name, f"{heading}: {title}", shown, body)
 

@@ -133,7 +133,7 @@ class Learner:
         self.best, self.complete_before = 0.0, False
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
-        self.newest = Prefetch(node.records.latest_policy, "newest-version")  # read by poll_ahead, a poll after
+        self.newest = Prefetch(node.records.latest_policy, "newest-version")  # poll_ahead reads it a poll later
         self.reputation, self.peer_limits = node.reputation, node.limits  # the node's gate (``run_learner``)
         self.min_upload_bps = cfg.flow.min_upload_mbps * 1e6 / 8
         self.sync = StateSync(node, cfg.flow.max_weights_mb, self.snapshot, lambda: self.epoch, self.min_upload_bps)
