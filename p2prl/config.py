@@ -484,9 +484,12 @@ class TrustConfig(_Section):
     kept (cheap); full models cost this many copies of the weights in host memory, plus one scratch copy of the model on
     its device. A group whose version's weights are gone is skipped, not rejected."""
     spot_check_memory_mb: float = Field(4096.0, gt=0.0, le=1e7)
-    """Learners: most host memory the kept versions may take; the oldest go first (the newest always stays). Full models
-    in bfloat16 take about 2 GB per billion parameters per version, so with the default a 0.5B model keeps about 4
-    versions and checks only groups that recent; LoRA adapters fit the whole window."""
+    """Learners: most host memory the kept versions may take (the newest always stays); older ones are written to
+    <train.out_dir>/spot_check_versions/ within trust.spot_check_disk_mb, and dropped past that. Full models in bfloat16
+    take about 2 GB per billion parameters per version; LoRA adapters fit the whole window in memory."""
+    spot_check_disk_mb: float = Field(16384.0, ge=0.0, le=1e8)
+    """Learners: most disk the kept versions over trust.spot_check_memory_mb may take (0 = none: they are dropped, and
+    the groups made with them go unchecked). A check of a version on disk loads it tensor by tensor."""
 
     # reputation and bans
     ban_threshold: int = Field(20, ge=1, le=1_000_000)

@@ -122,7 +122,7 @@ class Learner:
         self.store = WeightStore(cfg.flow.keep_versions, cfg.flow.max_uploads_per_version, cfg.flow.keep_seconds,
                                  int(cfg.flow.keep_mb * 2**20))
         # log-prob spot checks on a scratch copy of the model, made before the training thread steps it
-        self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out))
+        self.spot = SpotChecker(self.core.policy.model, self.core.policy.pad_id, cfg, learner_salt(self.out), self.out)
         self.throughput = 0.0
         self.reward: float | None = None  # mean reward of the last step's groups
         self.acc: float | None = None  # held-out accuracy at the last evaluation (from start())

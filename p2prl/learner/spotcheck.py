@@ -45,7 +45,7 @@ import torch
 from p2prl.config import Config
 from p2prl.algo.mismatch import freedman_test, mode_sums, mode_test, sampling_sums
 from p2prl.policy.model import SAMPLING_CLIP, left_pad, sampling_stats
-from p2prl.policy.weights import load_weights
+from p2prl.learner.kept import KeptVersions, load_kept
 from p2prl.rollout.admission import RULES
 from p2prl.rollout.record import RecordError, RolloutGroup
 
@@ -152,19 +152,19 @@ class SpotChecker:
     which the learner's ``admit`` counts against the sampler's reputation like every rejection.
     """
 
-    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes):
+    def __init__(self, model: torch.nn.Module, pad_id: int, cfg: Config, salt: bytes, folder: Path | None = None):
         t = cfg.trust
         self.fraction, self.first = t.spot_check_fraction, t.spot_check_first
         self.tolerance = t.spot_check_tolerance or DEFAULT_TOLERANCE
         self.sampling = cfg.sampling.temperature, cfg.sampling.top_k, cfg.sampling.top_p
         self.p_limit = t.sampling_p
         self.pad_id, self.salt = pad_id, salt
-        self.keep_n = versions_needed(cfg)
-        self.keep_bytes = int(t.spot_check_memory_mb * 2**20)
         self.model = scratch_copy(model) if self.fraction > 0 else None
         self.loaded: tuple[int, str] | None = None  # (version, sha256) in the scratch model
-        self._versions: OrderedDict[int, tuple[str, bytes]] = OrderedDict()
-        self._lock = threading.Lock()  # guards _versions, counts, failed_by_sampler, seen, max_*, windows
+        # ``folder``: the learner's train.out_dir, where versions past the memory budget wait
+        self.versions = KeptVersions(versions_needed(cfg), int(t.spot_check_memory_mb * 2**20),
+                                     int(t.spot_check_disk_mb * 2**20), folder and folder / "spot_check_versions")
+        self._lock = threading.Lock()  # guards counts, failed_by_sampler, seen, max_*, windows
         self.counts: Counter[str] = Counter()
         self.failed_by_sampler: Counter[str] = Counter()
         self.seen: OrderedDict[str, int] = OrderedDict()  # sampler -> groups offered for a check (``first``)
@@ -178,23 +178,18 @@ class SpotChecker:
                         cfg.algo.name)
 
     def keep(self, version: int, sha256: str, blob: bytes) -> None:
-        """Keep the serialized weights of ``version``: the newest ``keep_n`` versions that fit ``keep_bytes`` stay
-        (the newest always)."""
-        if self.model is None:
-            return
-        with self._lock:
-            self._versions[version] = (sha256, blob)
-            self._versions.move_to_end(version)
-            size = sum(len(b) for _, b in self._versions.values())
-            while len(self._versions) > 1 and (len(self._versions) > self.keep_n or size > self.keep_bytes):
-                size -= len(self._versions.popitem(last=False)[1][1])
+        """Keep the serialized weights of ``version`` (``KeptVersions``: the window's newest in memory, older ones on
+        disk within their budgets)."""
+        if self.model is not None:
+            self.versions.keep(version, sha256, blob)
 
     def make_room(self, version: int) -> None:
         """Let go now of the versions that leave the window once ``version`` is kept: called before its weights are
         serialized, so that they and all the versions kept are never in memory at once."""
-        with self._lock:
-            for v in [v for v in self._versions if v <= version - self.keep_n]:
-                del self._versions[v]
+        self.versions.make_room(version)
+
+    def close(self) -> None:
+        self.versions.close()
 
     def wants(self, group_id: str, sampler: str) -> bool:
         """Whether to check this group: one of ``sampler``'s first ``first``, or picked by the keyed hash."""
@@ -210,13 +205,13 @@ class SpotChecker:
     def check(self, g: RolloutGroup) -> str:
         """``PASSED`` or ``SKIPPED`` (its version's weights are gone); raises ``RecordError``: ``logprob_mismatch``
         (a completion's log-probs are not the version's), ``not_sampled`` (its tokens are not a plausible draw)."""
-        with self._lock:
-            kept = self._versions.get(g.policy_version)
+        kept = self.versions.get(g.policy_version)
         if kept is None or kept[0] != g.weights_sha256:
-            with self._lock:
-                self.counts[SKIPPED] += 1
-            return SKIPPED
-        deviations, sums = self.recompute(g, kept)
+            return self._skipped()
+        try:
+            deviations, sums = self.recompute(g, kept)
+        except FileNotFoundError:  # its file went with the window since
+            return self._skipped()
         deviation = float(deviations.max())
         outside = math.isinf(sums["surprise"][0])
         with self._lock:
@@ -241,14 +236,20 @@ class SpotChecker:
         raise RecordError("not_sampled", f"the tokens are unlike sampling at v{g.policy_version} ({test}: z {z:.3g}, "
                                          f"p <= {p:.2g} < {self.p_limit:g})", certain=p < self.p_limit / 1000)
 
+    def _skipped(self) -> str:
+        with self._lock:
+            self.counts[SKIPPED] += 1
+        return SKIPPED
+
     @torch.no_grad()
-    def recompute(self, g: RolloutGroup, kept: tuple[str, bytes]) -> tuple[np.ndarray, dict[str, tuple]]:
-        """Against the recompute with ``kept`` = (sha256, weights): the log-prob deviation of each completion of ``g``
-        (``sequence_deviation``, (G,)) and the group's sums for each sampling test, {test: (S, V, ...)}
-        (``algo.mismatch.sampling_sums``, S = -inf for a token outside the support; ``mode_sums``)."""
+    def recompute(self, g: RolloutGroup, kept: tuple[str, bytes | Path]) -> tuple[np.ndarray, dict[str, tuple]]:
+        """Against the recompute with ``kept`` = (sha256, weights bytes or file): the log-prob deviation of each
+        completion of ``g`` (``sequence_deviation``, (G,)) and the group's sums for each sampling test,
+        {test: (S, V, ...)} (``algo.mismatch.sampling_sums``, S = -inf for a token outside the support; ``mode_sums``).
+        """
         if self.loaded != (g.policy_version, kept[0]):
             self.loaded = None
-            load_weights(self.model, kept[1])
+            load_kept(self.model, kept[1])
             self.loaded = (g.policy_version, kept[0])
         G = g.tokens.shape[0]
         device = next(self.model.parameters()).device
@@ -262,7 +263,7 @@ class SpotChecker:
                 "mode": mode_sums(stats["mode"], stats["top"], on)}
         return sequence_deviation(g.logq, stats["logp"].numpy(), g.lengths), sums
 
-    def deviations(self, g: RolloutGroup, kept: tuple[str, bytes]) -> np.ndarray:
+    def deviations(self, g: RolloutGroup, kept: tuple[str, bytes | Path]) -> np.ndarray:
         """Per completion of ``g``, the log-prob deviation against the recompute with ``kept`` = (sha256, weights)."""
         return self.recompute(g, kept)[0]
 
@@ -271,7 +272,8 @@ class SpotChecker:
             m = {f"spot/{k}": v for k, v in self.counts.items()}
             m["spot/max_passed"] = self.max_passed
             m["spot/max_z_passed"] = self.max_z_passed
-            m["spot/versions_kept"] = len(self._versions)
+        kept = list(self.versions.placement().values())
+        m["spot/versions_kept"], m["spot/versions_on_disk"] = len(kept), kept.count("disk")
         return m
 
     def summary(self) -> dict:

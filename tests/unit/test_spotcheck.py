@@ -115,7 +115,7 @@ def test_the_first_groups_of_every_sampler_are_checked_whatever_the_fraction():
 
 def test_missing_version_weights_are_skipped_and_counted():
     cfg, learner, checker, sampler = setup("staleness.max_staleness=1")
-    assert checker.keep_n == 2
+    assert checker.versions.count == 2
     g = sampler.rollout([0])[0]
     blob, sha = serialize_weights(learner.model)
     checker.keep(1, sha, blob)
@@ -130,27 +130,22 @@ def test_missing_version_weights_are_skipped_and_counted():
     assert checker.metrics()["spot/skipped"] == 2
 
 
-def test_kept_versions_fit_the_memory_budget():
-    _, learner, checker, _ = setup()
+def test_a_version_written_to_disk_is_checked_from_its_file(tmp_path):
+    cfg, learner, _, sampler = setup("trust.spot_check_memory_mb=0.001")  # only the newest in memory
+    checker = SpotChecker(learner.model, learner.pad_id, cfg, SALT, tmp_path)
     blob, sha = serialize_weights(learner.model)
-    checker.keep_bytes = int(2.5 * len(blob))  # two versions fit
-    for v in range(1, 5):
-        checker.keep(v, sha, blob)
-    assert checker.metrics()["spot/versions_kept"] == 2
-    checker.keep_bytes = 1  # not even one: the newest stays anyway
-    checker.keep(5, sha, blob)
-    assert checker.metrics()["spot/versions_kept"] == 1
-
-
-def test_room_is_made_before_the_next_version_is_kept():
-    _, learner, checker, _ = setup("staleness.max_staleness=2")
-    blob, sha = serialize_weights(learner.model)
-    for v in range(1, 4):
-        checker.keep(v, sha, blob)
-    checker.make_room(4)  # v4's window is 2..4: v1 goes before v4's weights exist
-    assert list(checker._versions) == [2, 3]
-    checker.keep(4, sha, blob)
-    assert list(checker._versions) == [2, 3, 4]
+    groups = sampler.rollout([0, 1])
+    checker.keep(0, sha, blob)
+    checker.keep(1, *serialize_weights(learner.model)[::-1])
+    checker.versions.flush()
+    assert checker.versions.placement() == {0: "disk", 1: "memory"}
+    assert checker.check(groups[0]) == PASSED
+    assert checker.max_passed < 1e-4  # the same weights as from the bytes: float error only
+    with pytest.raises(RecordError, match="logprob_mismatch"):
+        checker.check(shifted(groups[1], np.full(groups[1].tokens.shape, -0.5)))
+    assert checker.metrics()["spot/versions_on_disk"] == 1
+    checker.close()
+    assert not (tmp_path / "spot_check_versions").exists()
 
 
 def test_odd_shapes_do_not_raise():
