@@ -7,7 +7,8 @@ is imported, the learners and samplers once this process has imported the model'
 too (while the bootstrap starts). The peers join the DHT through the multiaddrs the bootstrap writes to
 ``<out_dir>/logs/bootstrap.maddrs`` once it is up (``net.initial_peers_file``). Every child runs in its own
 session (process group) and is stopped by group (``p2prl.procs``): on SIGINT (Ctrl-C), SIGTERM and
-SIGHUP (its terminal closed) this process stops every child before it exits, and every child gets SIGTERM from the
+SIGHUP (its terminal closed) this process stops every child before it exits (SIGTERM: a learner ends its step and
+saves a checkpoint; a second signal kills them at once), and every child gets SIGTERM from the
 kernel if this process dies without a word (SIGKILL), so no peer is left behind. A peer that dies before the first
 learner is done (the learner with an error, any other at all: samplers and the bootstrap only stop when told) is
 named with its exit code or signal and the last lines of its log, and the others are stopped.
@@ -32,6 +33,7 @@ from p2prl.procs import ProcessGroups, exit_reason, log_tail
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 300.0  # a stopped learner ends its step (a real model's: minutes on a CPU), then saves a checkpoint
 BOOTSTRAP_TIMEOUT_S = 60
 POLL_S = 0.2
 TAIL_LINES = 20
@@ -47,6 +49,17 @@ class Stopped(Exception):
 
 def _raise_stopped(signum, _frame):
     raise Stopped(signum)
+
+
+def stop_children(swarm: ProcessGroups) -> None:
+    """SIGTERM every child and wait for them (a learner ends its step and saves a checkpoint); a second Ctrl-C (or
+    any stop signal) kills them at once, a learner losing its step."""
+    try:
+        swarm.stop()
+    except (KeyboardInterrupt, Stopped):
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        swarm.stop(grace_s=0)
 
 
 def _starter(swarm: ProcessGroups, main: Main):
@@ -128,7 +141,7 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
         overrides = [*overrides, f"train.threads={max(1, (os.cpu_count() or 1) // (n_samplers + n_learners))}"]
     # with metrics: the bootstrap on metrics_port, learners on the next ports, then the samplers
     metrics = (lambda i: ["--metrics-port", str(metrics_port + i)]) if metrics_port else (lambda i: [])
-    swarm = ProcessGroups(logs, grace_s=10.0)
+    swarm = ProcessGroups(logs, grace_s=STOP_GRACE_S)
     maddrs_file = logs / "bootstrap.maddrs"
     maddrs_file.unlink(missing_ok=True)
     previous = {sig: signal.signal(sig, _raise_stopped) for sig in STOP_SIGNALS}
@@ -170,11 +183,10 @@ def swarm_up(cfg: Config, config_path: str | None, overrides: list[str], n_sampl
                      on_terminal=frozenset({"learner"}))  # its output is this terminal's (and its --log-file's)
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        print(f"{signal.Signals(signum).name}: stopping the local swarm", file=sys.stderr, flush=True)
+        print(f"{signal.Signals(signum).name}: stopping the local swarm (a learner finishes its step and saves a "
+              f"checkpoint: up to {STOP_GRACE_S:.0f} s; again to stop at once)", file=sys.stderr, flush=True)
         return 128 + signum
     finally:
-        for sig in STOP_SIGNALS:  # a second Ctrl-C must not cut the stop short: it is bounded by grace_s
-            signal.signal(sig, signal.SIG_IGN)
-        swarm.stop()
+        stop_children(swarm)
         for sig, handler in previous.items():
             signal.signal(sig, handler)

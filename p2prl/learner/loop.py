@@ -129,8 +129,7 @@ class Learner:
         self.latest: PolicyRecord | None = None
         self.base_acc = saved.get("base_acc")
         self.saved_acc = saved.get("last_acc"), saved.get("best_acc")  # of the run so far
-        # (from start()) the run's best held-out accuracy; whether the run was complete when this learner started
-        self.best, self.complete_before = 0.0, False
+        self.best, self.complete_before = 0.0, False  # by start(): the run's best accuracy, whether it was complete
         self.run_config = run_config(cfg, self.task)
         self.membership = Membership(node, cfg.net.heartbeat_s, self.peer_record, lambda: self.latest, self.run_config)
         self.newest = Prefetch(node.records.latest_policy, "newest-version")  # poll_ahead reads it a poll later
@@ -167,6 +166,8 @@ class Learner:
                                         lambda: self.catch_up(self.node.records.latest_policy()), stop)
                 if step is not None:
                     self.apply(step)
+            if self.core.version % (self.cfg.train.checkpoint_every or 1):  # at the end, or stopped: nothing is lost
+                self.checkpoint()
         finally:  # a failed step (a full disk) too: heartbeats stop, the logs are flushed and closed
             self.membership.stop_heartbeats(self.cfg.net.rpc_timeout_s)
             self.bar.close()
@@ -184,11 +185,10 @@ class Learner:
                                                    self.reputation.reject),
                         self.node.transfer_timeout(int(cfg.flow.max_weights_mb * 1e6)))
         self.train_log = (self.out / "train_log.jsonl").open("a", buffering=1)
-        if self.state.published(self.core.version) is None:
-            line = {"version": self.core.version, "published": self.publish(), "groups": []}
-            self.train_log.write(json.dumps(line) + "\n")
-        else:
-            self.publish()
+        first = self.state.published(self.core.version) is None
+        sha = self.publish()
+        if first:
+            self.train_log.write(json.dumps({"version": self.core.version, "published": sha, "groups": []}) + "\n")
         self.membership.heartbeat()  # samplers can start while the base policy is evaluated
         self.sync.serve()
         self.membership.serve()
@@ -263,7 +263,7 @@ class Learner:
             self.acc = step.metrics["eval/heldout_acc"] = self.evaluate()
             self.best = max(self.best, self.acc)
         self.publish(r.weight, (weights_blob, sha))
-        if v % (t.checkpoint_every or 1) == 0 or v == t.steps:
+        if v % (t.checkpoint_every or 1) == 0:  # and when the loop ends (run)
             self.checkpoint()
         self.throughput = 0.8 * self.throughput + 0.2 * len(batch) / max(1e-6, time.time() - step.started)
         reward = step.metrics.get("rollout/reward")

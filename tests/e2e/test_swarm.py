@@ -63,7 +63,8 @@ def test_sampler_and_learner_restart(peers, tmp_path):
     maddr = peers.bootstrap()
     out = tmp_path / "learner"
     ident = str(tmp_path / "learner.id")
-    learner_args = ("train.steps=100000", f"net.identity_path={ident}")  # stopped by the test, never done early
+    # stopped by the test, never done early; a checkpoint only when it stops (none of 1000 versions is reached)
+    learner_args = ("train.steps=100000", "train.checkpoint_every=1000", f"net.identity_path={ident}")
     peers.join("learner", "learner", maddr, *learner_args, out=out)
     peers.join("s0", "sampler", maddr)
     acks = tmp_path / "s1.acks"

@@ -1,17 +1,19 @@
 """A peer that dies is named, with why: `p2prl swarm up` says which child ended, its exit code or signal and the last
 lines of its log, and an uncaught exception's traceback lands in the peer's log (a --log-file too)."""
 
+import os
 import runpy
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from p2prl.launch.fork import fork
-from p2prl.launch.local import watch
+from p2prl.launch.local import _raise_stopped, stop_children, watch
 from p2prl.procs import ProcessGroups, exit_reason, log_tail
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -161,3 +163,25 @@ def test_an_uncaught_exception_of_a_forked_peer_lands_in_its_log(tmp_path, capfd
     text = log.read_text()
     check_traceback_logged(text)
     assert "Process learner" not in text and "Process learner" not in capfd.readouterr().err  # not multiprocessing's
+
+
+def test_a_second_ctrl_c_kills_the_children_a_stop_waits_for(tmp_path):
+    """`swarm up` waits minutes for a learner to end its step and save a checkpoint; a second Ctrl-C ends the wait."""
+    swarm = ProcessGroups(tmp_path, grace_s=300)
+    child = swarm.spawn("learner", [sys.executable, "-c", "import signal, time\n"
+                                    "signal.signal(signal.SIGTERM, lambda *a: print('stepping on', flush=True))\n"
+                                    "print('ready', flush=True)\ntime.sleep(600)"])
+    deadline = time.time() + 60
+    while "ready" not in (tmp_path / "learner.log").read_text() and time.time() < deadline:
+        time.sleep(0.05)
+    previous = signal.signal(signal.SIGINT, _raise_stopped)
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    try:
+        timer.start()
+        t0 = time.time()
+        stop_children(swarm)  # SIGTERM (ignored), then the second signal: SIGKILL
+    finally:
+        timer.cancel()
+        signal.signal(signal.SIGINT, previous)
+    assert child.poll() == -signal.SIGKILL and time.time() - t0 < 60
+    assert "stepping on" in (tmp_path / "learner.log").read_text()  # it got the SIGTERM first
