@@ -231,10 +231,8 @@ class RolloutIntake:
         node.serve_rpc("lease", self.on_lease, on_bad=self.bad_lease, timeout_s=node.transfer_timeout(0) + LONG_POLL_S)
 
     def shutdown(self) -> None:
-        """Stop admitting: records still arriving are left unanswered (their samplers send them again); the spot
-        checks' versions on disk are removed."""
+        """Stop admitting: records still arriving are left unanswered (their samplers send them again)."""
         self.admission.shutdown(wait=False, cancel_futures=True)
-        self.spot.close()
 
     def samplers_seen(self) -> set[str]:
         """Samplers that have sent this learner groups: ready to contribute (a far sampler announces itself

@@ -145,8 +145,7 @@ class Learner:
         self.rounds = LearnerRounds(cfg, node, self.core, self.state, self.own, self.out)
         # opened and set by start(): the training log, the metrics log, the progress bar, the clocks
         self.train_log: IO[str] | None = None
-        self.sink: JsonlSink | None = None
-        self.bar = None
+        self.sink, self.bar = None, None  # a JsonlSink, a progress bar
         self.started = self.last_check = self.version_since = 0.0
 
     # ---- the loop ------------------------------------------------------------------------------
@@ -322,6 +321,7 @@ class Learner:
         self.newest.close()
         self.intake.shutdown()
         self.rounds.shutdown()
+        self.spot.close()  # its versions on disk
 
     # ---- versions --------------------------------------------------------------------------------
     def evaluate(self) -> float:
