@@ -75,9 +75,9 @@ class KeptVersions:
 
     def keep(self, version: int, sha256: str, blob: bytes) -> None:
         with self._lock:
-            self._drop([v for v in self._kept if v == version])
+            if version in self._kept:  # published again (a restart): its new bytes go last
+                self._drop([version])
             self._kept[version] = _Kept(sha256, blob, len(blob))
-            self._kept.move_to_end(version)
             self._drop(list(self._kept)[: max(0, len(self._kept) - self.count)])
             self._fit()
 
