@@ -72,7 +72,8 @@ def _add_train_parser(sub) -> None:
         "train", help="train on one machine (sampler and learner halves in one process)",
         description="Run HeteroRL on one machine: a sampler half and a learner half exchanging "
         "versioned rollout records, with a staleness window and an optional simulated sync delay. "
-        "Resumes from <train.out_dir>/checkpoint when one exists. Ends with a short summary; the same as JSON "
+        "Resumes from <train.out_dir>/checkpoint when one exists; Ctrl-C stops after the step in progress and "
+        "saves a checkpoint of it (a second Ctrl-C quits at once). Ends with a short summary; the same as JSON "
         "goes to <train.out_dir>/summary.json (--json prints it instead) and a plot to <train.out_dir>/progress.png.",
         epilog=CONFIG_EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -479,10 +480,15 @@ def _load_config(args: argparse.Namespace, writes_out_dir: bool = False):
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = _load_config(args, writes_out_dir=True)
-    from p2prl.train import train
+    from p2prl.train import stop_on_interrupt, train
 
-    summary = train(cfg, fresh=args.fresh, progress=not args.no_progress)
+    with stop_on_interrupt("p2prl train") as stop:
+        summary = train(cfg, fresh=args.fresh, progress=not args.no_progress, stop=stop)
     _print_summary(summary, "training", args.json)
+    if stop.is_set():
+        print(f"p2prl train: stopped at version {summary['version']} (checkpoint saved); rerun to resume",
+              file=sys.stderr)
+        return 130
     return 0
 
 

@@ -9,6 +9,9 @@ Groups with no signal (rewards all equal) follow ``flow.skip_uniform_groups`` as
 only when the step is covered without them (``_admit``), counted and named in the summary ("dropped as uniform").
 As the sampler half makes one step's groups at a time, that is only when groups were left waiting from before.
 
+A stop (``stop``: Ctrl-C or SIGTERM in ``p2prl train``, ``stop_on_interrupt``) ends the loop after the step it is
+in and saves a checkpoint there, so a rerun resumes where it stopped; a second Ctrl-C quits at once.
+
 Deviation, stated: on resume the sampler starts from the checkpoint's policy (as a
 freshly joined sampler would); the held version it had before the stop is not kept.
 """
@@ -16,7 +19,12 @@ freshly joined sampler would); the held version it had before the stop is not ke
 from __future__ import annotations
 
 import shutil
+import signal
+import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -40,8 +48,9 @@ from p2prl.policy.weights import serialize_weights
 RUN_ID = "local"
 
 
-def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
-    t = cfg.train
+def train(cfg: Config, fresh: bool = False, progress: bool = True, stop: threading.Event | None = None) -> dict:
+    """``stop``: when set, the loop ends after the step it is in, with a checkpoint of that version."""
+    t, stop = cfg.train, stop or threading.Event()
     out = Path(t.out_dir)
     _prepare(cfg, out, fresh)
     task = make_task(cfg.task)
@@ -57,11 +66,11 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
     base_acc = _base_accuracy(cfg, learner, task, state, sink)
     acc, best = state.get("last_acc", base_acc), state.get("best_acc", base_acc)
     trained = state.get("groups_trained", 0)
-    complete_before = learner.version >= t.steps
+    complete_before, saved = learner.version >= t.steps, learner.version
     started = time.time()
     bar = progress_bar(total=t.steps, initial=learner.version, disable=not progress, desc="train")
     try:  # a failed write (a full disk) too: the bar ends its line before the error's
-        while learner.version < t.steps:
+        while learner.version < t.steps and not stop.is_set():
             # sampler half: reload weights only when the simulated sync delay has passed
             if learner.version >= next_sync:
                 next_sync = _sync(sampler, learner, delay)
@@ -86,10 +95,9 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
             bar.update(1)
             bar.set_postfix_str(progress_line(m, acc, learner.objective))
             if v % (t.checkpoint_every or 50) == 0 or v == t.steps:
-                save_checkpoint(out, learner.policy, learner.optimizer, learner.scheduler, cfg, {
-                    "version": v, "cursor": cursor, "groups_made": sampler.groups_made,
-                    "base_acc": base_acc, "last_acc": acc, "best_acc": best, "groups_trained": trained,
-                })
+                saved = _checkpoint(cfg, learner, sampler, cursor, (base_acc, acc, best), trained)
+        if stop.is_set() and saved != learner.version:  # stopped: what was trained since the last checkpoint is kept
+            _checkpoint(cfg, learner, sampler, cursor, (base_acc, acc, best), trained)
     finally:
         bar.close()
         sink.close()
@@ -98,6 +106,40 @@ def train(cfg: Config, fresh: bool = False, progress: bool = True) -> dict:
                "resumed_from": state.get("version"),
                "groups": group_totals(buffer.counts, trained), "admission": dict(buffer.counts)}
     return finish_run(out, summary, {"metrics": out / "metrics.jsonl", "checkpoint": out / "checkpoint"})
+
+
+def _checkpoint(cfg: Config, learner: LearnerCore, sampler: SamplerCore, cursor: int, accs: tuple[float, float, float],
+                trained: int) -> int:
+    """Save the run's checkpoint (``accs``: base, last and best held-out accuracy); the version saved."""
+    base_acc, acc, best = accs
+    save_checkpoint(Path(cfg.train.out_dir), learner.policy, learner.optimizer, learner.scheduler, cfg, {
+        "version": learner.version, "cursor": cursor, "groups_made": sampler.groups_made,
+        "base_acc": base_acc, "last_acc": acc, "best_acc": best, "groups_trained": trained,
+    })
+    return learner.version
+
+
+@contextmanager
+def stop_on_interrupt(what: str) -> Iterator[threading.Event]:
+    """An event the first SIGINT or SIGTERM sets (said on stderr), for ``train``'s ``stop``; a second SIGINT raises
+    ``KeyboardInterrupt`` wherever the loop is (the step in progress is lost). The handlers before are restored."""
+    stop = threading.Event()
+
+    def handler(signum, _frame):
+        if stop.is_set():
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        stop.set()
+        print(f"\n{what}: {signal.Signals(signum).name}: stopping after this step, with a checkpoint (Ctrl-C again "
+              "to quit at once, losing the step)", file=sys.stderr, flush=True)
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, h in before.items():
+            signal.signal(sig, h)
 
 
 def _prepare(cfg: Config, out: Path, fresh: bool) -> None:

@@ -1,6 +1,9 @@
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -204,3 +207,41 @@ def test_a_full_then_read_only_disk_stops_training_with_the_path_and_free_space(
     err = (out / "ro.err").read_text()
     assert (out / "ro.rc").read_text().strip() == "2", err
     assert f"train.out_dir='{mnt}/run' is not a writable folder: Read-only file system" in err and "free there" in err, err
+
+
+def test_ctrl_c_stops_after_the_step_with_a_checkpoint_and_a_rerun_resumes_there(tmp_path):
+    """`p2prl train` on SIGINT ends after the step in progress and saves that version (checkpoints are otherwise
+    every 1000 here), exits 130 saying so; a rerun resumes at that version."""
+    out = tmp_path / "run"
+    args = [f"train.out_dir={out}", "train.steps=1000", "train.checkpoint_every=1000", "train.eval_every=1000",
+            "train.groups_per_step=4", "task.heldout_size=8"]
+    p = subprocess.Popen([sys.executable, "-m", "p2prl.cli", "train", "--no-progress", *args],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        metrics, deadline = out / "metrics.jsonl", time.monotonic() + 120
+        while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):  # the base line and 2 steps
+            assert p.poll() is None and time.monotonic() < deadline, "no 2 steps trained within 120 s"
+            time.sleep(0.1)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 130 and "stopping after this step" in err and "Traceback" not in err, err
+    last = json.loads(metrics.read_text().splitlines()[-1])["step"]
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    assert last >= 2 and state["version"] == last and f"stopped at version {last}" in err
+    summary = train(load_config(None, [*args, f"train.steps={last + 1}"]), progress=False)
+    assert summary["resumed_from"] == last and summary["version"] == last + 1
+
+
+def test_a_second_ctrl_c_quits_at_once_and_the_handlers_are_restored():
+    from p2prl.train import stop_on_interrupt
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt), stop_on_interrupt("test") as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.wait(10), "the first SIGINT did not set the stop"
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(10)  # the second raises here
+    assert signal.getsignal(signal.SIGINT) is before
