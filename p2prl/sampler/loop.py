@@ -83,6 +83,12 @@ class Slot(Generic[T]):
         with self._lock:
             self._value = value
 
+    def put_if_empty(self, value: T) -> None:
+        """``put``, unless a value (a newer one) is waiting."""
+        with self._lock:
+            if self._value is None:
+                self._value = value
+
     def take(self) -> T | None:
         with self._lock:
             value, self._value = self._value, None
@@ -173,13 +179,17 @@ class Sampler:
             return None
         publisher, rec = latest
         self.saw(rec.version)
-        if rec.version <= self.core.version and self.core.weights_sha256:
-            return None
-        if rec.version < self.next_sync or rec.size > self.cfg.flow.max_weights_mb * 2**20:
+        if not self.wanted(rec):
             return None
         self.pacer.asked(publisher, time.monotonic())
         blob = self.fetch(publisher, rec, direct=hint is not None and self.link.rtts.get(publisher, 0.0) >= FAR_RTT_S)
         return None if blob is None else (publisher, rec, blob)
+
+    def wanted(self, rec: PolicyRecord) -> bool:
+        """Whether we would load ``rec``: newer than the version held (or none verified yet), past the sync delay, and
+        within flow.max_weights_mb."""
+        newer = rec.version > self.core.version or not self.core.weights_sha256
+        return newer and rec.version >= self.next_sync and rec.size <= self.cfg.flow.max_weights_mb * 2**20
 
     def serve_version(self, rec: PolicyRecord, blob: bytearray) -> None:
         """Serve a fetched (verified) version to other samplers and announce it in the DHT."""
@@ -238,6 +248,11 @@ class Sampler:
                     if got is not None:
                         self.fetched.put(got)
                         self.serve_version(*got[1:])
+                    elif hint is not None and self.wanted(hint[1]):
+                        # not fetched (its holders busy or over their limit for us): asked again after the pause, not
+                        # only at the next hint, which for an idle sampler can be a long poll away
+                        self.hints.put_if_empty(hint)
+                        self.wake.set()
             except Exception as e:  # the node stopping, or a DHT error: the next pass tries again
                 if not stop.is_set():
                     log.warning("policy sync: %s: %s", type(e).__name__, e)
@@ -263,8 +278,7 @@ class Sampler:
         would load. Checked as a record from the DHT is (with a run authority, its signature)."""
         if rec is not None:
             self.heard_at = time.monotonic()
-        if (rec is None or rec.version <= self.core.version or rec.version < self.next_sync
-                or not self.fetched.empty()):
+        if rec is None or not self.wanted(rec) or not self.fetched.empty():
             return
         if not self.node.trust.policy_ok(learner, rec):
             self.node.trust.reject("policy_record", learner)

@@ -270,7 +270,7 @@ class FakeNode:
 def fake_sampler(n_groups: int, **flow) -> Sampler:
     """A real Sampler on a fake node and core (holding version 2), with ``n_groups`` groups in its outbox."""
     cfg = load_config(None, ["train.groups_per_step=2", *(f"flow.{k}={v}" for k, v in flow.items())])
-    s = Sampler(cfg, FakeNode(), core=SimpleNamespace(version=2, weights_sha256=""))
+    s = Sampler(cfg, FakeNode(), core=SimpleNamespace(version=2, weights_sha256="ab" * 32))
     s.learners = [new_record("learner", "test", "L1", policy_version=0, throughput=0.0, queue_depth=0)]
     for i in range(n_groups):
         s.link.outbox.add(SimpleNamespace(group_id=f"S/{i}"), f"rec{i}".encode())
@@ -499,6 +499,40 @@ def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one(
     finally:
         stop.set()
         s.wake.set()  # as the loop does when it stops
+        t.join(5)
+    assert not t.is_alive()
+
+
+def test_a_hinted_version_not_fetched_is_asked_for_again_without_waiting_for_another_hint():
+    """A learner's hint whose fetch failed (its holders busy: one upload at a time) is retried after the sync
+    thread's pause, not only at the next reply (an idle sampler's may be a long poll away); not once a version at
+    least as new is held."""
+    s = fake_sampler(0)
+    s.cfg = load_config(None, ["net.poll_s=30", "net.client_mode=true"])  # only a wake makes it look up again soon
+    rec, tries = named(6), []
+
+    def fetch_latest(hint=None):
+        tries.append(hint)
+        return ("L1", rec, b"w") if len(tries) == 3 else None  # refused twice, then fetched
+
+    s.fetch_latest = fetch_latest
+    stop = threading.Event()
+    t = threading.Thread(target=s.policy_sync, args=(stop,))
+    t.start()
+    try:
+        s.note_policy("L1", rec)
+        assert wait_for(lambda: not s.fetched.empty(), 5), "the refused hint was not retried"
+        assert tries == [("L1", rec)] * 3 and s.hints.empty()
+        s.fetched.take()
+        s.core.version = 6  # loaded
+        s.hints.put(("L1", rec))
+        s.wake.set()
+        assert wait_for(lambda: len(tries) == 4, 5) and s.fetched.empty()
+        time.sleep(0.5)
+        assert len(tries) == 4 and s.hints.empty(), "a hint of the version held is not retried"
+    finally:
+        stop.set()
+        s.wake.set()
         t.join(5)
     assert not t.is_alive()
 
