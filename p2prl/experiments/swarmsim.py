@@ -381,8 +381,11 @@ class Figures:
 
 def bottleneck(f: Figures, p: Profile) -> str:
     """The first resource that binds, in this order: the learner's event loop, the DHT, gradient rounds over
-    their timeout, the learners' GPUs, stale work, the weights' fan-out, and else generation (too few samplers)."""
+    their timeout, the learners' GPUs, stale work, the weights' fan-out, and else generation (too few samplers). A
+    window in which no version was published though the samplers could have made a step's groups in it is the
+    weights' fan-out too: their versions were too old for any lease (all refused as behind) or any admission."""
     period = 1 / f.versions_per_s if f.versions_per_s else math.inf
+    stalled = not f.versions_per_s and f.offered * f.window_s >= p.groups_per_step
     if f.control_cpu >= 0.9:
         return "control plane"
     if f.dht_value > P2PD_MAX_VALUE or f.dht_hot_Bps > p.learner_up_mbps * 1e6 / 8:
@@ -393,7 +396,7 @@ def bottleneck(f: Figures, p: Profile) -> str:
         return "gradient rounds" if f.round_s > 0.5 * period else "learner compute"
     if f.waste_pct >= 50:
         return "stale work"
-    if f.reach_s > p.max_staleness * period / 2 or f.upload_busy >= 0.9:
+    if f.reach_s > p.max_staleness * period / 2 or f.upload_busy >= 0.9 or stalled:
         return "learner uplink for weights"
     return "generation"
 

@@ -8,7 +8,7 @@ from dataclasses import asdict, replace
 
 import pytest
 
-from p2prl.experiments.swarmsim import Swarm, dht_bytes, loopback_profile, paper_profile, run
+from p2prl.experiments.swarmsim import Swarm, bottleneck, dht_bytes, loopback_profile, paper_profile, run
 
 
 def small(**change):
@@ -68,6 +68,17 @@ def test_one_sampler_slower_than_the_learner_wastes_nothing():
         assert f.bottleneck == "generation", mode
         lags[mode] = f.lag
     assert lags["push"] == pytest.approx(1.0, abs=0.05) and lags["lease"] <= 2.0
+
+
+def test_a_learner_that_published_nothing_while_samplers_could_feed_it_is_bound_by_the_weights():
+    """Full weights over home links at 128 samplers, one learner: the learner steps through its window during the
+    warm-up, then every sampler's version is too old for a lease and none reaches a newer one within the measure, so no
+    version is published in it. That is the weights' fan-out, not generation (offered groups would fill many steps)."""
+    p = paper_profile()
+    f = run(p, "lease", "full", 128, 1, 0)
+    assert f.versions_per_s == 0 and f.offered * f.window_s > 10 * p.groups_per_step
+    assert f.bottleneck == "learner uplink for weights"
+    assert bottleneck(replace(f, offered=0.0), p) == "generation"  # too few groups offered for a step: generation
 
 
 def test_push_wastes_more_as_samplers_are_added_and_leases_do_not():
