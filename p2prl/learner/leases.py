@@ -53,7 +53,9 @@ MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the 
 # 300 keeps 10,000 samplers at the 30 s retry, while fewer requests let idle samplers' weights age and slow training)
 IDLE_REQUESTS_PER_S = 300.0
 RETRY_CEIL_S = 600.0  # the longest retry a learner sets (up to 180,000 samplers asking keep IDLE_REQUESTS_PER_S)
-ROOM_NEWEST = 0.6  # share of the room a lease spans under a newest-first rule (simulated: 0.5 starves few samplers)
+# share of the room a lease spans under a newest-first rule (simulated: 0.5 starves few samplers; 0.8 and 1.0 with
+# real peers, docs/architecture.md "Scale": more stale waste, no more groups trained)
+ROOM_NEWEST = 0.6
 
 
 @dataclass(frozen=True)
