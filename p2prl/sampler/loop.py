@@ -248,9 +248,10 @@ class Sampler:
                     if got is not None:
                         self.fetched.put(got)
                         self.serve_version(*got[1:])
-                    elif hint is not None and self.wanted(hint[1]):
+                    elif hint is not None and informed and self.wanted(hint[1]):
                         # not fetched (its holders busy or over their limit for us): asked again after the pause, not
-                        # only at the next hint, which for an idle sampler can be a long poll away
+                        # only at the next hint, which for an idle sampler can be a long poll away; while its learner
+                        # is heard from (a gone one's is left to the DHT's newest, as when no reply came)
                         self.hints.put_if_empty(hint)
                         self.wake.set()
             except Exception as e:  # the node stopping, or a DHT error: the next pass tries again

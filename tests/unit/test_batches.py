@@ -1,6 +1,7 @@
 """The batched ``rollouts`` stream: codec bounds, the learner's queue bounds, the sampler's send window."""
 
 import asyncio
+import math
 import threading
 import time
 from collections import Counter
@@ -506,7 +507,7 @@ def test_the_sync_thread_fetches_one_version_at_a_time_and_wakes_on_a_newer_one(
 def test_a_hinted_version_not_fetched_is_asked_for_again_without_waiting_for_another_hint():
     """A learner's hint whose fetch failed (its holders busy: one upload at a time) is retried after the sync
     thread's pause, not only at the next reply (an idle sampler's may be a long poll away); not once a version at
-    least as new is held."""
+    least as new is held, nor once its learner is no longer heard from."""
     s = fake_sampler(0)
     s.cfg = load_config(None, ["net.poll_s=30", "net.client_mode=true"])  # only a wake makes it look up again soon
     rec, tries = named(6), []
@@ -515,7 +516,7 @@ def test_a_hinted_version_not_fetched_is_asked_for_again_without_waiting_for_ano
         tries.append(hint)
         return ("L1", rec, b"w") if len(tries) == 3 else None  # refused twice, then fetched
 
-    s.fetch_latest = fetch_latest
+    s.fetch_latest, s.node.client_mode = fetch_latest, True  # serves nobody: nothing to announce
     stop = threading.Event()
     t = threading.Thread(target=s.policy_sync, args=(stop,))
     t.start()
@@ -530,6 +531,12 @@ def test_a_hinted_version_not_fetched_is_asked_for_again_without_waiting_for_ano
         assert wait_for(lambda: len(tries) == 4, 5) and s.fetched.empty()
         time.sleep(0.5)
         assert len(tries) == 4 and s.hints.empty(), "a hint of the version held is not retried"
+        s.hints.put(("L1", named(7)))
+        s.heard_at = -math.inf  # its learner not heard from lately (gone?): no retry, the DHT's newest next
+        s.wake.set()
+        assert wait_for(lambda: len(tries) == 5, 5)
+        time.sleep(0.5)
+        assert len(tries) == 5 and tries[-1] == ("L1", named(7)) and s.hints.empty()
     finally:
         stop.set()
         s.wake.set()
