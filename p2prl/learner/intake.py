@@ -45,6 +45,9 @@ SESSIONS_PER_SAMPLER = 4  # of them, per sampler (a sampler making up sessions e
 SHARING_REFRESH_S = 1.0  # every active sender's share of the queue is judged again this often (``ActiveSenders``)
 MAX_LEASE_RETRY_S = 30.0  # the retry a refused lease request is told (the lease book's longest back-off)
 LONG_POLL_S = 10.0  # the longest a learner holds a lease request it has no work for (the request's wait_s bounds it)
+# a learner that stood this long at one version (and STALL_STEPS of its steps) with nothing to train, while samplers
+# ask for work holding versions too old for any lease, says once that its weights do not reach them in time
+STALL_S, STALL_STEPS = 60.0, 5
 LONG_POLL_MAX = 64  # lease requests a learner holds at once; more are answered at once, with the back-off
 
 
@@ -388,6 +391,8 @@ class RolloutIntake:
                 log.info("refused a lease to %s: %s (%d so far)", peer[-6:], refused, n)
             return LeaseReply(0, 0, version, 0.0, MAX_LEASE_RETRY_S, version, self.state.depth(), policy, run_record)
         lease, waiting = self.grant(peer, req, version, now)
+        if lease.until_version < version and not waiting:
+            self.behind_stall(peer, req.version, version, now)
         # no work now, and the sampler waits for some: held until the learner's demand may have grown (a long poll;
         # known samplers only: a request held keeps a stream open, and unknown peers share a few)
         hold_s = min(req.wait_s, LONG_POLL_S)
@@ -403,6 +408,17 @@ class RolloutIntake:
             policy, run_record = self.policy_hint()
         return LeaseReply(lease.lease_id, lease.groups, lease.until_version, lease.life_s,
                           lease.retry_s, version, waiting, policy, run_record)
+
+    def behind_stall(self, peer: str, held: int, version: int, now: float) -> None:
+        """A sampler refused as behind while nothing waits to be trained: once the learner has stood at its version
+        ``STALL_S`` and ``STALL_STEPS`` of its steps, said once (it trains nothing until a sampler fetches a version
+        recent enough for a lease, which large weights over slow links may not do within the window)."""
+        stood, step_s = self.state.stood_s(now)
+        if stood >= max(STALL_S, STALL_STEPS * (step_s or 0.0)) and self.state.flag("lease/behind_stall"):
+            log.warning("no group to train for %.0f s at v%d while samplers ask for work holding versions too old for "
+                        "any lease (%s holds v%d): the weights do not reach them within the staleness window (large "
+                        "weights over slow links? docs/architecture.md, \"Scale\"); counted as lease/refused/behind",
+                        stood, version, peer[-6:], held)
 
     def grant(self, peer: str, req: LeaseRequest, version: int, now: float):
         """(a lease for ``peer``'s request from the learner's state, groups waiting)."""

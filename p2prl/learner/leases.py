@@ -193,6 +193,10 @@ class LeaseBook:
         want = self.total(rate) if waiting < self.share else self.target
         return max(0, want - waiting - self._owed)
 
+    def stood_s(self, now: float) -> float:
+        """Seconds the learner has stood at its version (as lease requests saw it; 0 before one was seen)."""
+        return now - self.version_at if self.version_at is not None else 0.0
+
     # ---- events ---------------------------------------------------------------------------------------
     def grant(self, sampler: str, want: int, rate: float, version: int, waiting: int, now: float,
               held: int | None = None) -> Lease:

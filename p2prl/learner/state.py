@@ -135,6 +135,11 @@ class LearnerState:
             waiting = len(self._ledger.buffer)
             return book.grant(peer, want, rate, version, waiting, now, held=held), waiting
 
+    def stood_s(self, now: float) -> tuple[float, float | None]:
+        """(seconds the learner has stood at its version, its smoothed seconds a step or None): ``LeaseBook``'s."""
+        with self._changed:
+            return self._leases.stood_s(now), self._leases.step_s
+
     def owed(self, peer: str) -> int:
         """Groups ``peer``'s lease still owes (``LeaseBook.owed``)."""
         with self._changed:

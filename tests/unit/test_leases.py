@@ -343,3 +343,29 @@ def test_a_lease_lives_and_spans_what_its_groups_take_on_their_way():
     b.transit_s = 100.0
     assert b.span() == 0 and b.grant("S2", want=4, rate=2.0, version=3, waiting=0, now=6.0, held=2).groups == 0
     assert b.counts["refused/behind"] == 1  # a group it made now would arrive past the room: fetch a newer version
+
+
+def test_a_learner_with_nothing_to_train_while_samplers_are_behind_says_so_once(tmp_path, caplog):
+    """Samplers refused as behind while the learner's queue is empty: nothing to say at first (a sampler that just
+    joined fetches the newest version and comes back); once the learner has stood at its version ``STALL_S``, one
+    warning that its weights do not reach the samplers in time, and no more."""
+    import logging
+
+    from p2prl.learner.intake import STALL_S
+    from p2prl.net.messages import LeaseRequest
+
+    it, _, ask = learner_intake(tmp_path)
+    now = [1_000.0]
+    it.clock = lambda: now[0]
+    assert ask(LeaseRequest(want=4, rate=2.0, version=6)).groups > 0  # the learner's v6 seen at t=1000
+    with caplog.at_level(logging.WARNING, logger="p2prl.learner.intake"):
+        for t in (1_001.0, 1_000.0 + STALL_S - 1):
+            now[0] = t
+            assert ask(LeaseRequest(want=4, rate=2.0, version=0, wait_s=0.0)).until_version < 6  # behind
+        assert not caplog.records
+        for t in (1_000.0 + STALL_S, 1_000.0 + 2 * STALL_S):
+            now[0] = t
+            ask(LeaseRequest(want=4, rate=2.0, version=0, wait_s=0.0))
+    [warning] = [r.getMessage() for r in caplog.records]
+    assert f"no group to train for {STALL_S:.0f} s at v6" in warning and "ampler holds v0" in warning
+    assert it.state.report()["counts"]["lease/refused/behind"] == 4
