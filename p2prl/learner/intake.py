@@ -413,7 +413,7 @@ class RolloutIntake:
         """A sampler refused as behind while nothing waits to be trained: once the learner has stood at its version
         ``STALL_S`` and ``STALL_STEPS`` of its steps, said once (it trains nothing until a sampler fetches a version
         recent enough for a lease, which large weights over slow links may not do within the window)."""
-        stood, step_s = self.state.stood_s(now)
+        stood, step_s = self.state.pace(now)
         if stood >= max(STALL_S, STALL_STEPS * (step_s or 0.0)) and self.state.flag("lease/behind_stall"):
             log.warning("no group to train for %.0f s at v%d while samplers ask for work holding versions too old for "
                         "any lease (%s holds v%d): the weights do not reach them within the staleness window (large "

@@ -135,7 +135,7 @@ class LearnerState:
             waiting = len(self._ledger.buffer)
             return book.grant(peer, want, rate, version, waiting, now, held=held), waiting
 
-    def stood_s(self, now: float) -> tuple[float, float | None]:
+    def pace(self, now: float) -> tuple[float, float | None]:
         """(seconds the learner has stood at its version, its smoothed seconds a step or None): ``LeaseBook``'s."""
         with self._changed:
             return self._leases.stood_s(now), self._leases.step_s
