@@ -380,12 +380,12 @@ class FlowConfig(_Section):
     version's sha256."""
     outbox_limit: int = Field(1024, ge=1, le=1_000_000)
     """Unacknowledged groups a sampler keeps before it pauses."""
-    pull_work: bool = False
-    """Samplers ask learners for leases and generate only the work leased to them (docs/protocol.md, `lease`), instead
-    of generating a loop's batch (train.groups_per_step) at a time and pushing it, waiting on `busy`. Off by default:
-    leases cut stale waste to about none and keep the pace of a local swarm or an emulated-latency one, but with many
-    samplers whose daemons saturate their core they trained fewer groups a second than pushed work (docs/results.md,
-    "Scale"; docs/architecture.md, "Scale"). Learners serve leases either way."""
+    pull_work: bool = True
+    """Samplers ask learners for leases and generate only the work leased to them (docs/protocol.md, `lease`), so
+    that no volunteer's work is made to be thrown away; an idle sampler waits on a long poll the learner answers when
+    it needs more. false: the flow before leases, kept for comparison: a sampler generates a loop's batch
+    (train.groups_per_step) at a time and pushes it, waiting on `busy`, and with many samplers most of it goes stale
+    (docs/results.md, "Scale"; docs/architecture.md, "Scale"). Learners serve leases either way."""
     skip_uniform_groups: bool = True
     """A learner whose queue already holds its next step drops a group whose rewards are all equal (every advantage
     0: no signal) instead of queueing it, and answers it `dropped` (reason `uniform`); while it lacks groups for its

@@ -24,7 +24,7 @@ def test_batches_are_answered_per_group_and_busy_groups_are_delivered_later(peer
                window, out=out)
     acks = {s: tmp_path / f"{s}.acks" for s in ("s0", "s1")}
     for s, f in acks.items():
-        peers.join(s, "sampler", maddr, f"testing.ack_log={f}", window)  # work pushed (flow.pull_work off)
+        peers.join(s, "sampler", maddr, f"testing.ack_log={f}", window, "flow.pull_work=false")  # work pushed
 
     def busy_ids():
         return {gid for s in acks for gid in re.findall(r"busy: group (\S+) kept", peers.log(s))}

@@ -222,8 +222,8 @@ LEARNED_BY = 120  # the soak model is past base + 0.1 by then (base 0.27; 0.55-0
 
 @pytest.fixture(scope="module", params=["pushed", "pulled"])
 def soak(request, tmp_path_factory):
-    """Two minutes of random SIGKILLs and restarts of samplers and learners (seeded), with work pushed (the
-    default) and pulled (``flow.pull_work``: a learner killed while its leases are out, their work goes elsewhere).
+    """Two minutes of random SIGKILLs and restarts of samplers and learners (seeded), with work pulled (the
+    default, ``flow.pull_work``: a learner killed while its leases are out, their work goes elsewhere) and pushed.
 
     Two learners and two samplers (more processes than that overload a 2-core machine so much
     that peers time out on each other). Learners keep their identity and out dir across restarts.
