@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from p2prl.sampler.lease import LEASE_PROTOCOL, LEASE_WAIT_S, LeaseHolder
+from p2prl.sampler.lease import IDLE_SAY_S, LEASE_PROTOCOL, LEASE_WAIT_S, LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 from p2prl.net.messages import AcksReply, AcksRequest, LeaseReply, LeaseRequest, MessageError, RolloutsRequest
 from p2prl.net.node import Refused, backoff
@@ -79,6 +79,7 @@ class LearnerLink:
         self.ack_log = open(cfg.testing.ack_log, "a", buffering=1) if cfg.testing.ack_log else None
         self.waiting = False  # no learner of the run answers (``note_learners``)
         self.lease = LeaseHolder(cfg.train.groups_per_step)  # the work leased to us (``lease.py``)
+        self.said_idle = False  # an idle spell of IDLE_SAY_S was said in the log
         self.leasing: LeaseCall | None = None
 
     def note_learners(self, learners: list[PeerRecord]) -> None:
@@ -263,7 +264,14 @@ class LearnerLink:
         was_idle = self.lease.idle
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, reply.life_s, reply.retry_s,
                            reply.version, now)
-        if self.lease.idle and not was_idle:  # the first time at INFO, to say what it means; then DEBUG
-            n = self.lease.counts["lease/idle_spells"] = self.lease.counts["lease/idle_spells"] + 1
-            log.log(logging.INFO if n == 1 else logging.DEBUG, "idle: learner %s has no work for this sampler now (the "
-                    "run has enough samplers); asking again in %.1f s", learner[-6:], self.lease.told[learner] - now)
+        if not self.lease.idle:
+            return
+        idle_s = now - self.lease.idle_since
+        say = not self.said_idle and idle_s >= IDLE_SAY_S  # once, at INFO, to say what it means
+        if not was_idle:
+            self.lease.counts["lease/idle_spells"] += 1
+        if say or not was_idle:  # a shorter spell is most often a learner between steps: DEBUG
+            self.said_idle = self.said_idle or say
+            log.log(logging.INFO if say else logging.DEBUG, "idle%s: learner %s has no work for this sampler now (the "
+                    "run has enough samplers); asking again in %.1f s", f" for {idle_s:.0f} s" if say else "",
+                    learner[-6:], self.lease.told[learner] - now)

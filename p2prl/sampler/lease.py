@@ -39,6 +39,7 @@ MAX_RETRY_S = 600.0  # the longest a sampler waits before asking again, whatever
 FAILED_RETRY_S = 1.0  # after a failed or refused lease request, before asking again
 LEASE_WAIT_S = 5.0  # a lease request lets the learner hold it this long when it has no work now (a long poll)
 PACE_MARGIN = 0.8  # weight requests to one learner at most this share of its per-peer bulk rate
+IDLE_SAY_S = 10.0  # an idle spell this long is said in the log (a shorter one is a learner between steps)
 REFUSED_PACE_S = 60.0  # after a refused weight request, the pace to that learner halves for this long
 
 
@@ -62,6 +63,7 @@ class LeaseHolder:
         self.told: dict[str, float] = {}  # learner -> not asked again before then (it had no work for us)
         self.wake_at = 0.0  # with no lease: when one may next be asked for (``next_ask``)
         self.idle = False  # the last answer had no groups: the run has enough samplers now
+        self.idle_since = 0.0  # when the present idle spell began
         self.rate = 0.0  # groups made a second, smoothed (0: not measured yet)
         self.counts: Counter[str] = Counter()
 
@@ -98,6 +100,8 @@ class LeaseHolder:
             self.counts["lease/granted_groups"] += groups
             return
         behind = until_version < version  # our version is too old for any group of it to be trained there
+        if not behind and not self.idle:
+            self.idle_since = now
         self.idle = not behind
         self.counts["lease/behind" if behind else "lease/none"] += 1
         wait = now + min(max(MIN_RETRY_S, retry_s), MAX_RETRY_S)

@@ -2,6 +2,7 @@
 ``work``) on a fake node, the weight sync's pace, and stale waste in the peer record and ``p2prl status``."""
 
 import logging
+import time
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -121,8 +122,10 @@ def link(reply, learners, trust=None) -> tuple[LearnerLink, FakeNode, list]:
     return LearnerLink(cfg, node, lambda: learners, lambda: 0.0, lambda *a: heard.append(a)), node, heard
 
 
-def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplog):
+def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplog, monkeypatch):
     caplog.set_level(logging.INFO, logger="p2prl.sampler.delivery")
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
     lnk, node, heard = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
     assert lnk.work(version=5, newest=5) == 1  # one group first: it measures its rate
     assert [(p, n, r.want, r.version) for p, n, r in node.calls] == [("L1", "lease", 4, 5)]
@@ -134,8 +137,14 @@ def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplo
     assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle and len(node.calls) == 2
     assert lnk.lease.counts["lease/idle_spells"] == 1
     assert lnk.work(version=5, newest=5) == 0 and len(node.calls) == 2  # not before the retry the learner set
+    assert not caplog.records  # a short spell is most often a learner between steps: not said
+    for t in (1004.0, 1008.0, 1012.0):  # asked again at each retry, no work: said once it lasted IDLE_SAY_S
+        clock[0] = t
+        assert lnk.work(version=5, newest=5) == 0 and node.calls[-1][1] == "lease"
+    assert len(node.calls) == 5 and lnk.lease.counts["lease/idle_spells"] == 1
     assert [r.getMessage() for r in caplog.records] == [
-        "idle: learner L1 has no work for this sampler now (the run has enough samplers); asking again in 4.0 s"]
+        "idle for 12 s: learner L1 has no work for this sampler now (the run has enough samplers); asking again in "
+        "4.0 s"]
 
 
 def test_a_call_that_fills_the_lease_asks_for_more_as_it_starts_and_one_request_is_in_flight_at_most():
