@@ -226,7 +226,7 @@ class SimSampler:
             return
         p, now = self.w.profile, self.w.clock.now
         views = self.views()
-        if self.outbox.unsent() or len(self.outbox) >= p.flow.outbox_limit or self.outbox.full(views, now):
+        if self.outbox.unsent() or self.outbox.paused(views, now, pulling=self.w.mode == "lease"):
             self.wait_room(views)
         elif self.w.mode == "push":
             self.generate(p.groups_per_step)

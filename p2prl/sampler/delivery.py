@@ -187,6 +187,13 @@ class LearnerLink:
         self.flush()
 
     # ---- leases ------------------------------------------------------------------------------------------
+    def lessors(self) -> list[PeerRecord]:
+        """The answering learners this sampler takes leases from: those that hand them out (protocol 7 and later),
+        with ``flow.pull_work``; none (work pushed) without it."""
+        if not self.cfg.flow.pull_work:
+            return []
+        return [r for r in self.outbox.answering(self.learners()) if r.protocol >= LEASE_PROTOCOL]
+
     def work(self, version: int, newest: int) -> int:
         """Groups to make now (0: none leased; ``lease.wake_at`` says when it asks again, or a request is in flight):
         the reply of the ``lease`` request in flight is taken if it came; the lease held is ended if its learner is
@@ -195,10 +202,9 @@ class LearnerLink:
         learner holds a request it has no work for until it has, ``LEASE_WAIT_S`` at most). ``version``: the policy
         version held; ``newest``: the newest a learner is known to be at. Learners of earlier protocols hand out no
         leases: with only those, or with ``flow.pull_work`` off, one loop's batch (``train.groups_per_step``)."""
-        answering = self.outbox.answering(self.learners())
-        leasing = [r for r in answering if r.protocol >= LEASE_PROTOCOL]
-        if not leasing or not self.cfg.flow.pull_work:
-            return self.cfg.train.groups_per_step if answering else 0
+        leasing = self.lessors()
+        if not leasing:
+            return self.cfg.train.groups_per_step if self.outbox.answering(self.learners()) else 0
         usable = self.outbox.usable(leasing, time.time())
         while True:  # a reply already there (another learner asked at once after one with no work)
             self.take_lease()

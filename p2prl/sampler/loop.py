@@ -418,8 +418,7 @@ def generate(s: Sampler, stop: threading.Event, shown: SamplerProgress) -> None:
             last_poll = time.time()
         learners = s.learners
         link.note_learners(learners)
-        full = len(link.outbox) >= s.cfg.flow.outbox_limit or link.outbox.full(learners, time.time())
-        if not learners or full:
+        if not learners or link.outbox.paused(learners, time.time(), pulling=bool(link.lessors())):
             stop.wait(s.cfg.net.poll_s)
             continue
         if link.outbox.unsent():  # groups wait for room at a learner: making more now would only age them

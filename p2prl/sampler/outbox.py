@@ -140,6 +140,13 @@ class Outbox:
         usable = self.usable(learners, now)
         return bool(usable) and all(self.queues.get(r.peer_id, 0) >= self.flow.max_learner_queue for r in usable)
 
+    def paused(self, learners: list[PeerRecord], now: float, pulling: bool) -> bool:
+        """Whether to make no groups now: this outbox holds ``flow.outbox_limit`` groups, or the work is pushed
+        (``pulling`` false) and every usable learner last reported a full queue. Pulled work is paced by its leases (a
+        learner leases only what it has room for), and a sampler that heard of a full queue in a lease reply must go
+        on asking, as it hears of room in no other way."""
+        return len(self) >= self.flow.outbox_limit or (not pulling and self.full(learners, now))
+
     def without_room(self, learners: list[PeerRecord], now: float) -> list[str]:
         """Usable learners that said they take no more of our groups (to be asked for room again)."""
         return [r.peer_id for r in self.usable(learners, now) if self.free.get(r.peer_id, 1) <= 0]

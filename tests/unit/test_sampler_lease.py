@@ -188,6 +188,21 @@ def test_a_learner_with_no_work_sends_the_sampler_to_another_at_once():
     assert len(node.calls) == 3 and lnk.lease.wake_at == min(lnk.lease.told.values())
 
 
+def test_a_full_queue_heard_in_a_lease_reply_does_not_stop_a_pulling_sampler_asking():
+    """A learner with no work answers with its queue at the bound (`flow.max_learner_queue`: the paper's config
+    keeps that many waiting). Pushed work pauses on that until an answer says there is room; a sampler that pulls
+    work has no group there to be answered about, so it must go on asking for leases (it used to wait for ever)."""
+    lnk, node, _ = link(LeaseReply(0, 0, 9, 0.0, 0.2, 5, 64), [learner("L1")])
+    assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle and len(node.calls) == 1
+    records, now = [learner("L1")], time.time()
+    assert lnk.outbox.full(records, now) and lnk.outbox.paused(records, now, pulling=False)
+    assert [r.peer_id for r in lnk.lessors()] == ["L1"] and not lnk.outbox.paused(records, now, pulling=True)
+    lnk.lease.told["L1"] = 0.0  # the retry the learner set is over: asked again
+    assert lnk.work(version=5, newest=5) == 0 and len(node.calls) == 2
+    lnk.cfg = load_config(None, ["train.groups_per_step=4", "net.run_id=test", "flow.pull_work=false"])
+    assert lnk.lessors() == []
+
+
 def test_learners_of_earlier_protocols_get_a_loops_batch_without_a_lease():
     lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1", protocol=6)])
     assert lnk.work(version=5, newest=5) == 4 and node.calls == []
