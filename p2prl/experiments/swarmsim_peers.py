@@ -348,6 +348,7 @@ class SimSampler:
         lease, now = self.lease, self.w.clock.now
         if self.asking:
             return 0
+        lease.holding(self.version, now)
         if lease.check(set(self.w.by_id), self.w.version, now):
             lease.retry_at = now  # ask another learner at once
         if lease.held is None:
@@ -372,7 +373,7 @@ class SimSampler:
         self.outbox.heard(learner, self.w.by_id[learner].state.depth(), None)
         behind = self.lease.counts["lease/behind"]
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, life_s, reply.retry_s,
-                           version, self.w.clock.now)
+                           version, self.w.clock.now, self.version)
         if self.lease.counts["lease/behind"] > behind:
             self.refused_behind(learner)
         else:

@@ -29,7 +29,9 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
   at least ``min_retry_s``, at most ``max_retry_s`` or, with more samplers asking, as long as keeps
   their idle requests at ``IDLE_REQUESTS_PER_S`` a second in all, never past ``RETRY_CEIL_S``;
 * a sampler whose version is too old for any of its groups to be trained is told to come back in about one of the
-  learner's steps (when a newer version can be in its hands), within ``min_retry_s`` .. ``max_retry_s``.
+  learner's steps (when a newer version can be in its hands), within ``min_retry_s`` .. ``max_retry_s``, or with
+  more samplers asking as long as keeps those requests at ``IDLE_REQUESTS_PER_S`` a second (it asks sooner once it
+  holds a newer version).
 
 Every counter is kept incrementally (``owed`` in all and per sampler, ``counts``); ``expire`` and ``owed_fresher``
 (what leases owe that arrives ahead of a group under a newest-first rule: from samplers that held a newer version,
@@ -310,9 +312,11 @@ class LeaseBook:
 
     def behind_retry_s(self) -> float:
         """When a sampler whose version is too old should ask again: about one of the learner's steps (a newer
-        version is then out; its sync fetches it meanwhile), bounded."""
+        version is then out; its sync fetches it meanwhile, and a sampler asks as soon as it holds one), and with
+        many samplers asking as long as keeps such requests at ``IDLE_REQUESTS_PER_S`` a second in all, bounded as
+        ``retry_s``."""
         step = self.step_s if self.step_s is not None else 1.0
-        return min(max(step, self.min_retry_s), self.max_retry_s)
+        return min(max(step, len(self.askers) / IDLE_REQUESTS_PER_S, self.min_retry_s), self.retry_cap())
 
     def will_age_out(self, group_version: int, version: int, waiting: int, share: int | None = None) -> bool:
         """Whether a group of ``group_version``, admitted now behind ``waiting`` groups (those the admission rule

@@ -61,6 +61,7 @@ class LeaseCall:
 
     learner: str
     reply: Future
+    version: int = -1  # the policy version asked with
     done_at: float = 0.0  # when its reply came (the lease's life counts from then)
 
 
@@ -209,6 +210,7 @@ class LearnerLink:
         while True:  # a reply already there (another learner asked at once after one with no work)
             self.take_lease()
             now = time.monotonic()
+            self.lease.holding(version, now)  # refused as behind, and a newer version is here: ask at once
             if self.lease.check({r.peer_id for r in leasing}, newest, now):
                 self.lease.retry_at = now  # ask another learner at once
             ask = [r for r in usable if self.lease.should_ask(now, r.peer_id)]
@@ -238,7 +240,7 @@ class LearnerLink:
         """Ask ``learner`` for a lease (not waited for: ``take_lease``)."""
         req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version, LEASE_WAIT_S)
         call = LeaseCall(learner, self.node.call_async(learner, "lease", req,
-                                                       timeout_s=self.node.transfer_timeout(0) + LEASE_WAIT_S))
+                                                       timeout_s=self.node.transfer_timeout(0) + LEASE_WAIT_S), version)
         call.reply.add_done_callback(lambda _f: setattr(call, "done_at", time.monotonic()))
         self.leasing = call
 
@@ -269,7 +271,7 @@ class LearnerLink:
         self.on_reply(learner, reply.policy, reply.run_record)
         was_idle = self.lease.idle
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, reply.life_s, reply.retry_s,
-                           reply.version, now)
+                           reply.version, now, call.version)
         if not self.lease.idle:
             return
         idle_s = now - self.lease.idle_since

@@ -16,8 +16,9 @@ loop thread; ``LearnerLink.ask_lease`` (``delivery.py``) turns its decisions int
 * a reply with no groups: that learner has enough samplers now; the sampler asks another learner at once, and that
   one again after the ``retry_s`` it set (``MIN_RETRY_S`` .. ``MAX_RETRY_S``); idle while no learner has work for
   it. Unless the reply's ``until_version`` is behind the learner's version: the sampler's version is too old; it
-  fetches the newer one the reply named (its policy record wakes the sync thread) and asks again after the retry
-  the learner set. A failed request: after ``FAILED_RETRY_S``, of another learner (the failed one is backed off).
+  fetches the newer one the reply named (its policy record wakes the sync thread) and asks again as soon as it
+  holds a newer version than the one refused (``holding``), or after the retry the learner set. A failed request:
+  after ``FAILED_RETRY_S``, of another learner (the failed one is backed off).
 
 ``SyncPacer`` spaces a sampler's weight requests to one learner under that learner's per-peer limit on bulk streams
 (``trust.peer_bulk_requests_per_s``), so that the learner never refuses them (a refused stream costs the requester
@@ -64,6 +65,7 @@ class LeaseHolder:
         self.wake_at = 0.0  # with no lease: when one may next be asked for (``next_ask``)
         self.idle = False  # the last answer had no groups: the run has enough samplers now
         self.idle_since = 0.0  # when the present idle spell began
+        self.behind_held = -1  # the version held when refused a lease as behind (-1: not refused)
         self.rate = 0.0  # groups made a second, smoothed (0: not measured yet)
         self.counts: Counter[str] = Counter()
 
@@ -85,8 +87,9 @@ class LeaseHolder:
         return self.wake_at
 
     def granted(self, learner: str, lease_id: int, groups: int, until_version: int, life_s: float, retry_s: float,
-                version: int, now: float) -> None:
-        """A learner's reply (``LeaseReply``'s fields; ``version``: the learner's)."""
+                version: int, now: float, held: int = -1) -> None:
+        """A learner's reply (``LeaseReply``'s fields; ``version``: the learner's; ``held``: the version the sampler
+        asked with)."""
         if groups > 0 and until_version >= version:
             h = self.held
             if h is not None and h.learner == learner:  # more under the lease held (asked for as its last call began)
@@ -106,9 +109,14 @@ class LeaseHolder:
         self.counts["lease/behind" if behind else "lease/none"] += 1
         wait = now + min(max(MIN_RETRY_S, retry_s), MAX_RETRY_S)
         if behind:
-            self.retry_at = wait
+            self.retry_at, self.behind_held = wait, held
         else:  # that learner has no work now; another may have
             self.told[learner] = wait
+
+    def holding(self, version: int, now: float) -> None:
+        """The sampler holds ``version``: newer than the one a lease was refused for as behind, it asks at once."""
+        if 0 <= self.behind_held < version:
+            self.retry_at, self.behind_held = min(self.retry_at, now), -1
 
     def refused(self, why: str, now: float) -> None:
         """A lease request failed (``why``: ``failed``, or ``forged``: a reply from a peer that is no learner of the

@@ -72,6 +72,11 @@ def test_a_sampler_behind_is_told_to_come_back_in_one_of_the_learners_steps_boun
     b.step_s = 100.0  # a slow one: the longest
     assert b.grant("S1", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=6).retry_s == 30.0
     assert b.counts["refused/behind"] == 3
+    for i in range(29_998):  # a crowd asking: those behind come back no oftener than IDLE_REQUESTS_PER_S in all
+        b.grant(f"X{i}", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=13)
+    b.step_s = 5.0
+    assert b.grant("S1", want=2, rate=1.0, version=13, waiting=0, now=15.0, held=6).retry_s == \
+        len(b.askers) / IDLE_REQUESTS_PER_S == 30_000 / IDLE_REQUESTS_PER_S
 
 
 def test_a_sampler_that_never_delivers_loses_its_share_to_another():

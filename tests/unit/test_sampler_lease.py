@@ -65,6 +65,12 @@ def test_no_groups_means_idle_until_the_retry_the_learner_set_and_a_failure_retr
     assert h.held is None  # a lease already past its version is no lease
     h.granted("L1", 0, groups=0, until_version=3, life_s=0.0, retry_s=0.2, version=5, now=2.0)
     assert not h.idle and h.counts["lease/behind"] == 2 and h.retry_at == 2.2  # behind: fetch, then ask again
+    h.granted("L1", 0, groups=0, until_version=3, life_s=0.0, retry_s=30.0, version=9, now=3.0, held=3)
+    assert h.retry_at == 33.0 and not h.should_ask(4.0)
+    h.holding(3, now=4.0)  # the version refused: still behind
+    assert not h.should_ask(4.0)
+    h.holding(8, now=5.0)  # a newer one: asked at once, not after the learner's retry
+    assert h.should_ask(5.0) and h.retry_at == 5.0 and h.behind_held == -1
 
 
 def test_weight_requests_to_a_learner_stay_under_its_per_peer_limit():
