@@ -33,7 +33,7 @@ from p2prl.net.node import SwarmNode
 from p2prl.net.transport import HivemindTransport
 
 
-def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) -> None:
+def die_in_allreduce(out: Path, name: str, rounds: GradientRounds, grad: torch.Tensor, weight: int) -> None:
     from hivemind.averaging.control import AveragingStage
 
     with rounds.allreduce.averager.get_tensors() as tensors:
@@ -41,7 +41,11 @@ def die_in_allreduce(rounds: GradientRounds, grad: torch.Tensor, weight: int) ->
     rounds.allreduce.averager.set_round(group_bits(7), rounds.max_group, 20.0)
     meta = {"version": 7, "sha256": "ab" * 32, "weight": weight, "marker": 12345, "amax": weight * top, "groups": []}
     control = rounds.allreduce.averager.step(gather=meta, weight=1.0, timeout=20, allow_retries=False, wait=False)
+    deadline = time.monotonic() + 60
     while control.stage != AveragingStage.RUNNING_ALLREDUCE:
+        if control.done() or time.monotonic() > deadline:  # its round never began: say where it stopped, not hang
+            (out / f"{name}.err").write_text(f"never in all-reduce: {control.stage.name}")
+            os.killpg(os.getpid(), signal.SIGKILL)
         threading.Event().wait(0.001)
     os.killpg(os.getpid(), signal.SIGKILL)
 
@@ -112,7 +116,7 @@ def main() -> None:
         threading.Event().wait(0.05)
     grad = torch.randn(n, generator=torch.Generator().manual_seed(seed))
     if "--die-in-allreduce" in sys.argv:
-        die_in_allreduce(rounds, grad, weight)
+        die_in_allreduce(out, name, rounds, grad, weight)
     try:
         r = rounds.average(grad, weight, version=7, sha256="ab" * 32, groups=[[f"{name}/0", 7, "ab" * 32]],
                            expected=group)

@@ -75,6 +75,8 @@ def test_partial_all_reduce_is_never_applied(tmp_path):
     """A learner dies once the all-reduce has begun: the others must not get a gradient out of that round."""
     procs = start_averagers(tmp_path, [("a", 1, 8), ("b", 2, 24), ("c", 3, 16, "--die-in-allreduce")], group_size=3)
     stop_all(procs, tmp_path)
+    never = (tmp_path / "c.err").read_text() if (tmp_path / "c.err").exists() else ""
+    assert not never, f"the dying learner's round did not begin, so the scenario did not happen: {never}"
     assert not (tmp_path / "c.npy").exists()
     errors = []
     for x in "ab":
