@@ -297,7 +297,8 @@ class Learner:
 
     def prometheus(self) -> list:
         """This learner's counters as Prometheus families (``p2prl.prom``), read at scrape time."""
-        return report.families(self.counters())
+        with self.step_lock:  # never a version whose groups are not counted yet (apply)
+            return report.families(self.counters())
 
     def finish(self) -> dict:
         """The run's summary (written next to its metrics)."""
@@ -311,9 +312,8 @@ class Learner:
             "final_acc": self.acc, "best_acc": self.best, "wall_s": time.time() - self.started,
             "resumed_from": self.resumed and self.resumed[0], "lost_at_restart": self.resumed and self.resumed[1],
             "retrain_backlog": backlog, "spot_checks": self.spot.summary()})
-        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl",
-                                              "checkpoint": self.out / "checkpoint",
-                                              "training_log": self.out / "train_log.jsonl"})
+        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out /
+                                              "checkpoint", "training_log": self.out / "train_log.jsonl"})
 
     def close(self) -> None:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""
