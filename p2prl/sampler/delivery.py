@@ -13,7 +13,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from p2prl.sampler.lease import IDLE_SAY_S, LEASE_PROTOCOL, LEASE_WAIT_S, LeaseHolder
+from p2prl.sampler.lease import BEHIND_SAY_S, IDLE_SAY_S, LEASE_PROTOCOL, LEASE_WAIT_S, LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 from p2prl.net.messages import AcksReply, AcksRequest, LeaseReply, LeaseRequest, MessageError, RolloutsRequest
 from p2prl.net.node import Refused, backoff
@@ -81,6 +81,7 @@ class LearnerLink:
         self.waiting = False  # no learner of the run answers (``note_learners``)
         self.lease = LeaseHolder(cfg.train.groups_per_step)  # the work leased to us (``lease.py``)
         self.said_idle = False  # an idle spell of IDLE_SAY_S was said in the log
+        self.said_behind = False  # a spell of BEHIND_SAY_S refused as behind was said in the log
         self.leasing: LeaseCall | None = None
 
     def note_learners(self, learners: list[PeerRecord]) -> None:
@@ -272,6 +273,14 @@ class LearnerLink:
         was_idle = self.lease.idle
         self.lease.granted(learner, reply.lease_id, reply.groups, reply.until_version, reply.life_s, reply.retry_s,
                            reply.version, now, call.version)
+        behind = self.lease.behind_since
+        if behind is not None and not self.said_behind and now - behind >= BEHIND_SAY_S:
+            self.said_behind = True  # once: the volunteer's GPU makes nothing for this run, and why
+            span = reply.until_version - call.version  # versions a lease's groups may lag: work for v(learner - span)+
+            log.warning("no work for %.0f s: this sampler's policy v%d is too old for learner %s's leases (it is at "
+                        "v%d and leases work to samplers holding v%d or newer): its versions move on faster than their "
+                        "weights reach this sampler; it keeps fetching the newest and asks again as soon as it holds "
+                        "one", now - behind, call.version, learner[-6:], reply.version, reply.version - span)
         if not self.lease.idle:
             return
         idle_s = now - self.lease.idle_since

@@ -17,7 +17,9 @@ loop thread; ``LearnerLink.ask_lease`` (``delivery.py``) turns its decisions int
   one again after the ``retry_s`` it set (``MIN_RETRY_S`` .. ``MAX_RETRY_S``); idle while no learner has work for
   it. Unless the reply's ``until_version`` is behind the learner's version: the sampler's version is too old; it
   fetches the newer one the reply named (its policy record wakes the sync thread) and asks again as soon as it
-  holds a newer version than the one refused (``holding``), or after the retry the learner set. A failed request:
+  holds a newer version than the one refused (``holding``), or after the retry the learner set; refused so for
+  ``BEHIND_SAY_S`` with no lease between (``behind_since``), its weights reach it too late for the run's pace, which
+  its link says once in the log. A failed request:
   after ``FAILED_RETRY_S``, of another learner (the failed one is backed off).
 
 ``SyncPacer`` spaces a sampler's weight requests to one learner under that learner's per-peer limit on bulk streams
@@ -41,6 +43,7 @@ FAILED_RETRY_S = 1.0  # after a failed or refused lease request, before asking a
 LEASE_WAIT_S = 5.0  # a lease request lets the learner hold it this long when it has no work now (a long poll)
 PACE_MARGIN = 0.8  # weight requests to one learner at most this share of its per-peer bulk rate
 IDLE_SAY_S = 10.0  # an idle spell this long is said in the log (a shorter one is a learner between steps)
+BEHIND_SAY_S = 30.0  # refused as behind this long, with no lease between: said in the log (weights arrive too late)
 REFUSED_PACE_S = 60.0  # after a refused weight request, the pace to that learner halves for this long
 
 
@@ -66,6 +69,7 @@ class LeaseHolder:
         self.idle = False  # the last answer had no groups: the run has enough samplers now
         self.idle_since = 0.0  # when the present idle spell began
         self.behind_held = -1  # the version held when refused a lease as behind (-1: not refused)
+        self.behind_since: float | None = None  # when the present spell of refusals as behind began (None: none)
         self.rate = 0.0  # groups made a second, smoothed (0: not measured yet)
         self.counts: Counter[str] = Counter()
 
@@ -98,7 +102,7 @@ class LeaseHolder:
                 self.counts["lease/renewed"] += 1
             else:
                 self.held = Held(learner, lease_id, groups, until_version, now + life_s)
-            self.idle = False
+            self.idle, self.behind_since = False, None
             self.counts["lease/granted"] += 1
             self.counts["lease/granted_groups"] += groups
             return
@@ -106,6 +110,7 @@ class LeaseHolder:
         if not behind and not self.idle:
             self.idle_since = now
         self.idle = not behind
+        self.behind_since = (self.behind_since if self.behind_since is not None else now) if behind else None
         self.counts["lease/behind" if behind else "lease/none"] += 1
         wait = now + min(max(MIN_RETRY_S, retry_s), MAX_RETRY_S)
         if behind:

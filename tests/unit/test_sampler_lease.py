@@ -153,6 +153,26 @@ def test_the_sampler_asks_a_learner_for_work_and_makes_only_what_it_leased(caplo
         "4.0 s"]
 
 
+def test_a_sampler_refused_as_behind_for_half_a_minute_says_why_it_makes_nothing_once(caplog, monkeypatch):
+    """Its weights reach it later than the learner moves past them: refused a lease as behind at every ask, it says
+    so once BEHIND_SAY_S passed with no lease between (a volunteer's GPU makes nothing, and the log says why)."""
+    caplog.set_level(logging.INFO, logger="p2prl.sampler.delivery")
+    clock = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    lnk, node, _ = link(LeaseReply(0, 0, 3, 0.0, 4.0, 8, 0), [learner("L1")])  # v1 held, a lease spans 2 versions
+    for t in range(1000, 1040, 4):  # asked again at each retry the learner set, refused as behind each time
+        clock[0] = float(t)
+        assert lnk.work(version=1, newest=8) == 0 and node.calls[-1][1] == "lease" and not lnk.lease.idle
+    assert len(node.calls) == 10 and lnk.lease.counts["lease/behind"] == 10 and lnk.lease.behind_since == 1000.0
+    assert [r.getMessage() for r in caplog.records] == [
+        "no work for 32 s: this sampler's policy v1 is too old for learner L1's leases (it is at v8 and leases work to "
+        "samplers holding v6 or newer): its versions move on faster than their weights reach this sampler; it keeps "
+        "fetching the newest and asks again as soon as it holds one"]
+    node.reply = LeaseReply(3, 2, 9, 20.0, 1.0, 8, 0)  # v7 here at last: leased, the spell is over
+    clock[0] += 1
+    assert lnk.work(version=7, newest=8) == 1 and lnk.lease.behind_since is None
+
+
 def test_a_call_that_fills_the_lease_asks_for_more_as_it_starts_and_one_request_is_in_flight_at_most():
     lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
     assert lnk.work(version=5, newest=5) == 1
