@@ -312,8 +312,8 @@ class Learner:
             "final_acc": self.acc, "best_acc": self.best, "wall_s": time.time() - self.started,
             "resumed_from": self.resumed and self.resumed[0], "lost_at_restart": self.resumed and self.resumed[1],
             "retrain_backlog": backlog, "spot_checks": self.spot.summary()})
-        return finish_run(self.out, summary, {"metrics": self.out / "metrics.jsonl", "checkpoint": self.out /
-                                              "checkpoint", "training_log": self.out / "train_log.jsonl"})
+        paths = {"metrics": "metrics.jsonl", "checkpoint": "checkpoint", "training_log": "train_log.jsonl"}
+        return finish_run(self.out, summary, {what: self.out / name for what, name in paths.items()})
 
     def close(self) -> None:
         """Stop the threads this learner started (heartbeats, admission, the averager)."""

@@ -110,13 +110,13 @@ class LeaseHolder:
         if not behind and not self.idle:
             self.idle_since = now
         self.idle = not behind
-        self.behind_since = (self.behind_since if self.behind_since is not None else now) if behind else None
         self.counts["lease/behind" if behind else "lease/none"] += 1
         wait = now + min(max(MIN_RETRY_S, retry_s), MAX_RETRY_S)
         if behind:
             self.retry_at, self.behind_held = wait, held
+            self.behind_since = now if self.behind_since is None else self.behind_since
         else:  # that learner has no work now; another may have
-            self.told[learner] = wait
+            self.told[learner], self.behind_since = wait, None
 
     def holding(self, version: int, now: float) -> None:
         """The sampler holds ``version``: newer than the one a lease was refused for as behind, it asks at once."""
