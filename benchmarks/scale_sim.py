@@ -101,7 +101,8 @@ plus 4 us per active sender before (so that 400-500 samplers fill a learner's ev
 peers before leases);
 DHT: 1 KB records, 5 replicas, log2(peers) hops of 200 B; before: one `peers` key every peer writes and reads each
 heartbeat; after: the learners' key, 32 sampler shards (written every 3 heartbeats, read by operators only), holders
-sharded. Lease mode: the real `LeaseHolder` (a sampler asks for {want:.0f} s of its generation per lease).
+sharded. Lease mode: the real `LeaseHolder` (a sampler asks for {want:.0f} s of its generation per lease; the last
+learner it may ask holds its request while it has no work, as the real learner does).
 Columns: groups a second offered
 (what the live samplers could make), generated, trained and wasted (generated, then rejected or dropped as stale);
 waste = wasted over the groups whose fate fell in the window (trained, wasted, or lost with a volunteer who left);

@@ -19,7 +19,9 @@ Two modes, one table:
 * ``lease`` (after): a sampler runs the real ``LeaseHolder`` (``sampler/lease.py``) as ``LearnerLink.work`` does:
   it asks a learner for a lease (the learner state's ``LeaseBook.grant``), makes only the leased groups, in calls
   sized from its measured rate (``LeaseHolder.call_size``), sends them to that learner, and asks again; with no
-  demand it asks another learner, and waits the ``retry_s`` each learner set; the learner refuses groups that would
+  demand it asks another learner, and waits the ``retry_s`` each learner set; the last learner it may ask holds its
+  request while it has no work (a long poll, as ``RolloutIntake.on_lease``: granted again whenever the learner's
+  demand may have grown, at most ``LONG_POLL_MAX`` held); the learner refuses groups that would
   age out (``will_age_out``) and keeps room for what a lease owes; rounds ship 4 bytes per trainable parameter
   (``averaging.wire_bytes``); requests cost O(1); DHT: the sharded layout of ``net/dht.py`` (learners' key,
   ``PEER_SHARDS`` sampler shards read only by operators, ``HOLDER_SHARDS`` holder shards).

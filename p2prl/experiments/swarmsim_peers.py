@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from p2prl.experiments.swarmsim_base import Holder, NoFiles, View
-from p2prl.learner.intake import ACTIVE_SENDER_S
+from p2prl.learner.intake import ACTIVE_SENDER_S, LONG_POLL_MAX, LONG_POLL_S, held_too_long
 from p2prl.learner.leases import Lease
 from p2prl.learner.ledger import GroupLedger
 from p2prl.learner.state import LearnerState
 from p2prl.net.protocol import queue_bounds, queue_room
 from p2prl.rollout.record import RecordError, RolloutGroup
 from p2prl.sampler.delivery import ROOM_POLL_S
-from p2prl.sampler.lease import LeaseHolder
+from p2prl.sampler.lease import LEASE_WAIT_S, LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 
 if TYPE_CHECKING:
@@ -49,6 +49,9 @@ class SimLearner:
         self.ledger.buffer.on_drop = lambda g: (drop(g), world.fate(g, "wasted", "dropped_stale"))
         self.state = LearnerState(self.ledger)
         self.state.publish(0, sha(0))
+        self.state.on_demand = lambda: self.held and self.w.clock.after(0.0, self.wake_held)
+        self.held: dict[str, tuple] = {}  # long polls: sampler -> (seq, sampler, want, rate, version, lease)
+        self.held_seq = 0
         self.view = View(name)
         self.senders: OrderedDict[str, float] = OrderedDict()  # sampler -> last sent (virtual), oldest first
         self.waiters: list[SimSampler] = []  # samplers waiting for room here (their idle polls are counted)
@@ -125,12 +128,48 @@ class SimLearner:
         delay = self.charge("acks")
         return self.state.states_of(ids), self.state.depth(), self.room(peer), delay
 
-    def on_lease(self, peer: str, want: int, rate: float, held: int) -> tuple[Lease, float]:
-        """``RolloutIntake.on_lease``: the learner state's ``LeaseBook`` grants; and the reply's delay."""
-        f, delay = self.w.profile.flow, self.charge("lease")
-        lease, _ = self.state.lease(peer, want, rate, held, self.version,
-                                    (self.share, f.queue_steps, f.max_learner_queue), self.w.clock.now)
-        return lease, delay
+    def on_lease(self, s: SimSampler, want: int, rate: float, held: int, wait_s: float) -> None:
+        """``RolloutIntake.on_lease``: the learner state's ``LeaseBook`` grants; with no work now the request is held
+        (a long poll: at most ``LONG_POLL_MAX`` at once, for the ``wait_s`` the sampler allows) and asked again each
+        time the learner's demand may have grown (``wake_held``). The reply reaches ``s`` after the event loop's
+        delay."""
+        lease, delay = self.grant(s.id, want, rate, held), self.charge("lease")
+        if (lease.groups == 0 and wait_s > 0 and lease.until_version >= self.version
+                and len(self.held) < LONG_POLL_MAX):
+            self.held_seq += 1
+            self.held[s.id] = (self.held_seq, s, want, rate, held, lease)
+            self.state.count("lease/held")
+            self.w.clock.after(min(wait_s, LONG_POLL_S), self.release, s.id, self.held_seq, lease)
+        else:
+            s.lease_answered(self.id, lease, delay)
+
+    def grant(self, peer: str, want: int, rate: float, held: int) -> Lease:
+        f = self.w.profile.flow
+        return self.state.lease(peer, want, rate, held, self.version,
+                                (self.share, f.queue_steps, f.max_learner_queue, len(self.w.learners)),
+                                self.w.clock.now)[0]
+
+    def wake_held(self) -> None:
+        """``HeldRequests.wake``: every request held asks the lease book again, in the order they came; those granted
+        work, or whose version fell behind meanwhile, are answered (and, unasked, those held too long)."""
+        for sid, (_, s, want, rate, held, first) in list(self.held.items()):
+            if held_too_long(held, first.until_version, self.version):
+                if first.until_version < self.version:
+                    self.state.lease_refused("behind")
+                del self.held[sid]
+                s.lease_answered(self.id, first, 0.0)
+                continue
+            lease, delay = self.grant(sid, want, rate, held), self.charge("lease")
+            if lease.groups or lease.until_version < self.version:
+                del self.held[sid]
+                s.lease_answered(self.id, lease, delay)
+
+    def release(self, sid: str, seq: int, lease: Lease) -> None:
+        """A held request's wait is over with no work for it: answered with the lease it was given (none, and the
+        back-off)."""
+        if sid in self.held and self.held[sid][0] == seq:
+            s = self.held.pop(sid)[1]
+            s.lease_answered(self.id, lease, 0.0)
 
     def lease_counts(self) -> dict[str, int]:
         """The lease book's counters (``lease/...``), as the learner reports them."""
@@ -355,13 +394,16 @@ class SimSampler:
             ask = [v for v in self.w.views if lease.should_ask(now, v.peer_id)]
             if ask:
                 self.asking = True
-                self.w.clock.after(self.rtt / 2, self.lease_arrives, pick_learner(ask, self.w.rng), now)
+                self.w.clock.after(self.rtt / 2, self.lease_arrives, pick_learner(ask, self.w.rng),
+                                   LEASE_WAIT_S if len(ask) == 1 else 0.0)
                 return 0
             lease.next_ask(list(self.w.by_id))
         return lease.call_size(now)
 
-    def lease_arrives(self, learner: str, asked: float) -> None:
-        reply, delay = self.w.by_id[learner].on_lease(self.id, self.lease.want(), self.lease.rate, self.version)
+    def lease_arrives(self, learner: str, wait_s: float) -> None:
+        self.w.by_id[learner].on_lease(self, self.lease.want(), self.lease.rate, self.version, wait_s)
+
+    def lease_answered(self, learner: str, reply: Lease, delay: float) -> None:
         self.w.clock.after(delay + self.rtt / 2, self.leased, learner, reply, self.w.by_id[learner].version,
                            reply.expires_at - self.w.clock.now)
 

@@ -51,6 +51,14 @@ STALL_S, STALL_STEPS = 60.0, 5
 LONG_POLL_MAX = 64  # lease requests a learner holds at once; more are answered at once, with the back-off
 
 
+def held_too_long(asked_at: int, until_version: int, version: int) -> bool:
+    """Whether a lease request held since the learner's version ``asked_at`` (the version its sampler held then),
+    now at ``version``, has waited past half the versions a lease granted at once would have spanned (to
+    ``until_version``): a lease granted now from the version it was asked with would end before its groups are made
+    (a fast learner passes many versions in a long poll), while its sampler has most likely loaded a newer one."""
+    return 2 * (version - asked_at) > until_version - asked_at
+
+
 class HeldRequests:
     """The lease requests a learner holds while it has no work for them (long polls: ``wait_s``), each answered as soon
     as its demand may have grown, which the training thread signals (``wake``, through ``LearnerState.on_demand``:
@@ -402,6 +410,10 @@ class RolloutIntake:
             self.state.count("lease/held")
             while lease.groups == 0 and await self.held.wait(max(0.0, deadline - time.monotonic())):
                 version = self.version()
+                if held_too_long(req.version, lease.until_version, version):
+                    if lease.until_version < version:  # as a fresh request with its version would be
+                        self.state.lease_refused("behind")
+                    break  # answered with no work (it asks again with the version it holds now)
                 lease, waiting = self.grant(peer, req, version, self.clock())
                 if lease.until_version < version:  # its version fell behind meanwhile: it is told so at once
                     break
@@ -423,7 +435,8 @@ class RolloutIntake:
     def grant(self, peer: str, req: LeaseRequest, version: int, now: float):
         """(a lease for ``peer``'s request from the learner's state, groups waiting)."""
         return self.state.lease(peer, req.want, req.rate, req.version, version,
-                                (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue), now)
+                                (self.step_share(), self.flow.queue_steps, self.flow.max_learner_queue,
+                                 self.learners()), now)
 
     def bad_lease(self, peer: str, e: MessageError) -> None:
         """A ``lease`` request that does not parse: counted against the peer (toward a ban), logged, unanswered."""

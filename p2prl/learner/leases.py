@@ -5,11 +5,12 @@ sampler's ``Outbox``; the learner's state holds it behind its lock. Its rules:
 
 * demand: a learner keeps ``target`` groups waiting (``queue_steps`` of its steps' ``share``, within ``max_queue``,
   at least one share: the ``rollouts`` queue bound) and, while less than a step waits, leases ahead what it trains
-  while leased groups are on their way (``in_flight``, Little's law: its pace times ``transit_s``, the measured time a
-  group arrives after its sampler should have made it at its reported rate; before one is measured, ``lead``: the
-  asking sampler's time to make its part, in the learner's steps, times ``share``; at most ``room`` steps either way,
-  so the window still bounds staleness). What it hands out is that ``demand`` less what waits and less what live
-  leases still owe (``owed``);
+  while leased groups are made and on their way (``in_flight``, Little's law: its pace times ``transit_s``, the
+  measured time a group arrives after its sampler should have made it at its reported rate, and, with at least as
+  many samplers asking as its target has groups (a sampler's part is one group) making more than the run's
+  learners train, its version pace times the time one group takes at the askers' smoothed rate, ``ask_rate``; at
+  most ``room`` steps, so the window still bounds staleness). What it hands out is that ``demand`` less what waits
+  and less what live leases still owe (``owed``);
 * fairness: each sampler that asked lately (within ``ask_window_s``) may owe at most an equal part of the target
   (at least one group), scaled by its fill ratio: a sampler that lets its leases expire unfilled (a hoarder) gets
   fewer, one that fills them gets its whole part back;
@@ -49,6 +50,7 @@ LIFE_SLACK = 3.0  # a lease lives this many times the time its sampler needs to 
 FILL_WEIGHT = 0.5  # weight of the newest lease's outcome in a sampler's fill ratio (the rest: the ratio so far)
 MIN_FILL = 0.1  # the lowest fill ratio (a hoarder still gets a group when there is demand: it may have recovered)
 FULL_FILL = 0.95  # a fill ratio this high counts as 1 (a sampler that filled its recent leases gets its whole part)
+ASK_RATE_WEIGHT = 0.1  # weight of each request's reported rate in ``ask_rate``, the askers' smoothed rate
 MAX_ASKERS = 65_536  # samplers remembered as asking lately (the least recent forgotten first: they share less)
 MAX_FILL_TRACKED = 4096  # samplers whose fill ratio below 1 is remembered (the oldest forgotten first)
 # idle ``lease`` requests a learner invites a second at most, whatever the number asking (simulated, paper deployment:
@@ -113,11 +115,13 @@ class LeaseBook:
         self.version, self.version_at, self.step_s = -1, None, None  # the learner's pace, from the versions seen
         self.busy_s: float | None = None  # seconds a step takes once its groups are there (``stepped``)
         self.transit_s: float | None = None  # seconds a leased group arrives after its sampler made it, smoothed
+        self.ask_rate: float | None = None  # groups a second the samplers asking report they make, smoothed
 
-    def resize(self, share: int, queue_steps: float, max_queue: int) -> None:
-        """This learner's share of a step (it changes with the number of learners) and the queue's bound: the
+    def resize(self, share: int, queue_steps: float, max_queue: int, learners: int = 1) -> None:
+        """This learner's share of a step (it changes with the number of ``learners``) and the queue's bound: the
         target and the steps a group waits in the queue (``queue_lag``, taken off a lease's ``until_version``)."""
         self.share, self.queue_steps, self.max_queue = max(1, share), queue_steps, max_queue
+        self.learners = max(1, learners)
         self.target = max(self.share, min(max_queue, math.ceil(queue_steps * self.share)))
         self.queue_lag = min(self.window, max(0, math.ceil(self.target / self.share) - 1))
         room = self.window - self.queue_lag  # the most versions a group may lag as it arrives
@@ -152,13 +156,10 @@ class LeaseBook:
         """Groups the learner lacks: its target less what waits and what leases owe."""
         return max(0, self.target - waiting - self._owed)
 
-    def total(self, rate: float = 0.0) -> int:
-        """Groups the learner wants waiting or owed, for an asker at ``rate``: its target and what it trains while
-        leased groups are on their way (``in_flight``: once a lease's transit was measured), or while the asker
-        makes an equal part of the target (``lead``: before)."""
-        if self.transit_s is not None and self.pace() is not None:
-            return self.target + self.in_flight()
-        return self.target + self.lead(math.ceil(self.target / max(1, len(self.askers))), rate)
+    def total(self) -> int:
+        """Groups the learner wants waiting or owed: its target and what it trains while leased groups are made and
+        on their way (``in_flight``)."""
+        return self.target + self.in_flight()
 
     def pace(self) -> float | None:
         """Seconds a step of the learner takes when its groups are there (measured, ``stepped``), else between the
@@ -166,33 +167,37 @@ class LeaseBook:
         return self.busy_s or self.step_s
 
     def in_flight(self) -> int:
-        """Groups the learner trains while a made group is on its way (Little's law: its steps a second times the
-        measured ``transit_s``, the time past the one its sampler needs to make it: sending, admitting, the
-        sampler's turn on a busy machine), at most ``room`` steps' worth. Making the groups is not counted: a lease
-        that takes longer to make is a larger one, and leasing ahead for it would only make the next larger still
-        (while samplers are the bottleneck, the learner cannot train faster than they make groups)."""
+        """Groups the learner trains while leased groups are made and on their way (Little's law), at most ``room``
+        steps' worth: its steps a second (``pace``) times the measured ``transit_s`` (sending, admitting, the
+        sampler's turn on a busy machine); and with at least as many samplers asking lately as its target has
+        groups, which together make more than every learner of the run trains (each at this one's pace), its
+        versions a second (``step_s``) times the time a sampler at the askers' smoothed rate (``ask_rate``) makes
+        one group. Then a sampler's part is one group, made in a volunteer's time for a group while the learner
+        steps on: without it the learner asks for too little too late and takes its steps short. Not counted with
+        fewer samplers (parts are larger, and leasing ahead for their making would only make the next lease larger
+        still), while the samplers are the bottleneck (the learners cannot train faster than they make groups, and
+        a standing surplus would age in the queue), nor past half the ``room`` (groups that take that long to make
+        arrive with too little of the window left for their wait behind fresher ones: leased ahead, they age out).
+        0 while the learner's pace is unknown."""
         pace = self.pace()
-        if self.transit_s is None or not pace:
+        if not pace:
             return 0
-        return round(min(self.transit_s / pace, self.room) * self.share)
+        steps = (self.transit_s or 0.0) / pace
+        if self.ask_rate and self.step_s and len(self.askers) >= self.target and (
+                self.ask_rate * len(self.askers) >= self.learners * self.share / pace):
+            making = 1.0 / self.ask_rate / self.step_s
+            steps += making if steps + making <= self.room / 2 else 0.0
+        return round(min(steps, self.room) * self.share)
 
-    def fair_part(self, rate: float = 0.0) -> int:
+    def fair_part(self) -> int:
         """What one sampler may owe at most: an equal part of the ``total`` among the samplers that asked lately."""
-        return max(1, math.ceil(self.total(rate) / max(1, len(self.askers))))
+        return max(1, math.ceil(self.total() / max(1, len(self.askers))))
 
-    def lead(self, groups: int, rate: float) -> int:
-        """Groups the learner trains while a sampler makes ``groups`` at ``rate`` groups a second (0 while the
-        learner's pace or the rate is unknown), at most ``room`` steps' worth."""
-        if not self.step_s or rate <= 0:
-            return 0
-        steps = min(groups / rate / self.step_s, self.room)
-        return math.ceil(steps * self.share)
-
-    def demand(self, waiting: int, rate: float = 0.0) -> int:
-        """Groups the learner lacks for an asker at ``rate``: while less than a step waits (the learner is about to
-        run dry), its ``total``, else its ``target`` (a deeper queue would only age: a newest-first rule leaves its
-        oldest groups behind), less what waits and what leases owe."""
-        want = self.total(rate) if waiting < self.share else self.target
+    def demand(self, waiting: int) -> int:
+        """Groups the learner lacks: while less than a step waits (the learner is about to run dry), its ``total``,
+        else its ``target`` (a deeper queue would only age: a newest-first rule leaves its oldest groups behind),
+        less what waits and what leases owe."""
+        want = self.total() if waiting < self.share else self.target
         return max(0, want - waiting - self._owed)
 
     def stood_s(self, now: float) -> float:
@@ -209,6 +214,9 @@ class LeaseBook:
         self.expire(version, now)
         self.askers[sampler] = now
         self.askers.move_to_end(sampler)
+        if rate > 0:
+            w = ASK_RATE_WEIGHT if self.ask_rate is not None else 1.0
+            self.ask_rate = (1 - w) * (self.ask_rate or 0.0) + w * rate
         # an idle sampler asks again within its retry: remembered at least that long, or the crowd would seem smaller
         remember = max(self.ask_window_s, 2 * self.retry_cap())
         while self.askers and (next(iter(self.askers.values())) < now - remember or len(self.askers) > MAX_ASKERS):
@@ -220,8 +228,8 @@ class LeaseBook:
             return Lease(0, 0, until, now, self.behind_retry_s())
         acc = self.accounts.get(sampler)
         own = acc.owed if acc else 0
-        part = max(1, math.floor(self.fair_part(rate) * self.fill_ratio(sampler)))
-        groups = max(0, min(want, part - own, self.demand(waiting, rate)))
+        part = max(1, math.floor(self.fair_part() * self.fill_ratio(sampler)))
+        groups = max(0, min(want, part - own, self.demand(waiting)))
         if groups == 0:
             self.counts["empty"] += 1
             return Lease(acc.lease_id if acc else 0, 0, acc.until_version if acc else until,

@@ -124,13 +124,13 @@ class LearnerState:
             self._leases.delivered(g.sampler, 1, time.monotonic() if now is None else now)
 
     # ---- leases ---------------------------------------------------------------------------------------
-    def lease(self, peer: str, want: int, rate: float, held: int, version: int, share: tuple[int, float, int],
+    def lease(self, peer: str, want: int, rate: float, held: int, version: int, share: tuple[int, float, int, int],
               now: float) -> tuple[Lease, int]:
         """(a lease for ``peer``, groups waiting): ``LeaseBook.grant`` against the groups waiting here; ``share``:
-        (groups this learner takes a step, ``flow.queue_steps``, ``flow.max_learner_queue``)."""
+        (groups this learner takes a step, ``flow.queue_steps``, ``flow.max_learner_queue``, learners of the run)."""
         with self._changed:
             book = self._leases
-            if share != (book.share, book.queue_steps, book.max_queue):
+            if share != (book.share, book.queue_steps, book.max_queue, book.learners):
                 book.resize(*share)
             waiting = len(self._ledger.buffer)
             return book.grant(peer, want, rate, version, waiting, now, held=held), waiting

@@ -200,8 +200,9 @@ class LearnerLink:
         """Groups to make now (0: none leased; ``lease.wake_at`` says when it asks again, or a request is in flight):
         the reply of the ``lease`` request in flight is taken if it came; the lease held is ended if its learner is
         gone (from the run's records, or given up on after failed exchanges) or it ran out (``LeaseHolder.check``);
-        with none held and none asked for, one is asked for, of a learner not backed off from (without waiting: a
-        learner holds a request it has no work for until it has, ``LEASE_WAIT_S`` at most). ``version``: the policy
+        with none held and none asked for, one is asked for, of a learner not backed off from (without waiting: the
+        last learner it may ask holds a request it has no work for until it has, ``LEASE_WAIT_S`` at most; while
+        others may be asked, a learner with no work answers at once, and the next is asked). ``version``: the policy
         version held; ``newest``: the newest a learner is known to be at. Learners of earlier protocols hand out no
         leases: with only those, or with ``flow.pull_work`` off, one loop's batch (``train.groups_per_step``)."""
         leasing = self.lessors()
@@ -217,7 +218,8 @@ class LearnerLink:
             ask = [r for r in usable if self.lease.should_ask(now, r.peer_id)]
             if self.lease.held is not None or self.leasing is not None or not ask:
                 break
-            self.ask_lease(pick_learner(ask, self.outbox.rng), version)  # one told "no work" is asked no more
+            # one told "no work" is asked no more; with another to ask, this one answers at once (no long poll)
+            self.ask_lease(pick_learner(ask, self.outbox.rng), version, LEASE_WAIT_S if len(ask) == 1 else 0.0)
         self.lease.next_ask([r.peer_id for r in usable])
         return self.lease.call_size(time.monotonic())
 
@@ -237,11 +239,12 @@ class LearnerLink:
         else:
             stop.wait(min(self.cfg.net.poll_s, max(IDLE_POLL_S, self.lease.wake_at - time.monotonic())))
 
-    def ask_lease(self, learner: str, version: int) -> None:
-        """Ask ``learner`` for a lease (not waited for: ``take_lease``)."""
-        req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version, LEASE_WAIT_S)
+    def ask_lease(self, learner: str, version: int, wait_s: float = LEASE_WAIT_S) -> None:
+        """Ask ``learner`` for a lease (not waited for: ``take_lease``), letting it hold the request ``wait_s`` while
+        it has no work."""
+        req = LeaseRequest(self.lease.want(), round(self.lease.rate, 6), version, wait_s)
         call = LeaseCall(learner, self.node.call_async(learner, "lease", req,
-                                                       timeout_s=self.node.transfer_timeout(0) + LEASE_WAIT_S), version)
+                                                       timeout_s=self.node.transfer_timeout(0) + wait_s), version)
         call.reply.add_done_callback(lambda _f: setattr(call, "done_at", time.monotonic()))
         self.leasing = call
 

@@ -1,5 +1,7 @@
 """The learner's leases, event by event: the pure book (p2prl/learner/leases.py) without threads, network or clock."""
 
+import math
+
 import pytest
 
 from p2prl.learner.leases import IDLE_REQUESTS_PER_S, MIN_FILL, RETRY_CEIL_S, LeaseBook
@@ -143,37 +145,56 @@ def test_idle_requests_stay_bounded_per_learner_whatever_the_number_of_samplers(
     assert len(b.askers) == 1
 
 
-def test_demand_covers_what_the_learner_trains_while_a_lease_is_being_made():
+def test_demand_covers_what_the_learner_trains_while_leased_groups_are_made_and_sent():
     b = book(share=4, window=8)  # target 8; queue lag one step: leases until version + 7
     # pace unknown: the target; at 8 groups a second S1 should have made them 1 s after the grant
     assert b.grant("S1", want=64, rate=8.0, version=0, waiting=0, now=0.0).groups == 8
     b.delivered("S1", 8, now=2.0)  # they came 1 s after that
-    for v in range(1, 4):  # a step every 2 s
-        b.grant("S0", want=0, rate=1.0, version=v, waiting=8, now=2.0 * v)
+    for v in range(1, 4):  # a step every 2 s; S0 reports no rate, which leaves the askers' rate as it was
+        b.grant("S0", want=0, rate=0.0, version=v, waiting=8, now=2.0 * v)
     b.forget("S0")
-    # while a made group is on its way (1 s) the learner trains half a step (a step every 2 s), so it wants the target
-    # and half a step's groups more (Little's law), at most ``room`` steps more
-    assert b.transit_s == 1.0 and b.in_flight() == 2 and b.total() == 8 + 2
+    assert (b.ask_rate, b.transit_s, b.step_s, len(b.askers)) == (8.0, 1.0, 2.0, 1)
+    # while a made group is on its way (1 s) the learner trains half a step, so it wants the target and half a step's
+    # groups more (Little's law); one sampler makes parts of several groups: their making is not led by
+    assert b.in_flight() == 2 and b.total() == 8 + 2
     b.transit_s = 6.0
     assert b.in_flight() == 3 * 4 and b.total() == 8 + 12
     b.transit_s = 100.0
-    assert b.in_flight() == (8 - 1) * 4
+    assert b.in_flight() == (8 - 1) * 4  # never more than window - queue lag steps ahead
     b.transit_s = 1.0
     b.stepped(0.5)  # a step takes 0.5 s once its groups are there: the 2 s between versions were a starved learner's
     assert b.pace() == 0.5 and b.in_flight() == 2 * 4
-    b.busy_s, b.transit_s = None, None
-    # before a transit is measured, from the asker's rate: alone at 1 group a second, S1 makes the target's 8
-    # groups in 4 steps, while the learner trains 16: with less than a step waiting it is leased the target and those
-    # 16, less what waits
-    assert b.lead(8, 1.0) == 16 and b.total(1.0) == 24 and b.demand(waiting=3, rate=1.0) == 21
-    assert b.demand(waiting=4, rate=1.0) == 4  # a step waits: the target only (a deeper queue would only age)
-    assert b.grant("S1", want=64, rate=1.0, version=3, waiting=3, now=6.0).groups == 21
-    assert b.owed() == 21 and b.demand(waiting=3, rate=1.0) == 0
-    # a slow sampler's lead stops at the window: never more than window - queue lag steps ahead
-    assert b.lead(8, 0.01) == (8 - 1) * 4
-    assert b.lead(8, 0.0) == 0  # its rate unknown: none
+    assert b.demand(waiting=3) == 8 + 8 - 3 and b.demand(waiting=4) == 8 - 4  # with a step waiting, the target only
+    # as many samplers asking as the target has groups (a part is one group), making more than the learner trains:
+    # it leads by a group's making too, at the askers' 1 group a second half a version (every 2 s)
+    b.transit_s = 0.5  # a step at its pace of 0.5 s
+    for i in range(7):
+        b.grant(f"X{i}", want=0, rate=1.0, version=3, waiting=8, now=6.0)
+    b.ask_rate = 1.0
+    assert len(b.askers) == 8 and b.in_flight() == round((1 + 0.5) * 4) and b.fair_part() == math.ceil((8 + 6) / 8)
+    b.grant("X0", want=0, rate=11.0, version=3, waiting=8, now=6.0)  # each report moves the askers' rate a tenth
+    assert b.ask_rate == pytest.approx(2.0)
+    b.ask_rate = 0.5  # together 4 groups a second, less than the learner's 8: the samplers bind, no lead for them
+    assert b.in_flight() == 4
+    b.ask_rate = 1.0
+    b.resize(4, 2.0, 64, learners=2)  # two learners to feed: 16 groups a second, more than the samplers make
+    assert b.in_flight() == 4
+    b.resize(4, 2.0, 64)
+    for i in range(7, 64):
+        b.grant(f"X{i}", want=0, rate=0.2, version=3, waiting=8, now=6.0)
+    b.ask_rate = 0.2  # 64 samplers at 0.2: 12.8 groups a second; a group takes 2.5 versions, 3.5 with its transit
+    assert b.in_flight() == 14
+    b.ask_rate = 0.15  # 3.3 versions, 4.3 with the transit: past half the room (7), so not led by
+    assert b.in_flight() == 4
+    b.ask_rate = 1.0
+    for i in range(6, 64):  # fewer samplers asking than the target has groups: parts of several groups, not led by
+        b.forget(f"X{i}")
+    assert len(b.askers) == 7 and b.in_flight() == 4
+    b.transit_s = 1.0
     b.step_s = None
-    assert b.lead(8, 1.0) == 0  # the learner's pace unknown: none
+    assert b.in_flight() == 2 * 4  # the learner's version pace unknown: the transit alone
+    b.busy_s = None
+    assert b.in_flight() == 0  # no pace at all: none
 
 
 def test_the_transit_leaves_out_the_time_groups_take_to_make():
@@ -245,6 +266,26 @@ def learner_intake(tmp_path, caplog=None):
     return it, rep, lambda req: asyncio.run(it.on_lease("12D3KooWsampler", req))
 
 
+async def held_then_woken(it, change) -> object:
+    """A vouched sampler's request (asking with v6) held by ``it`` for want of work; then ``change()``, and the
+    training thread's signal that demand may have grown (as when it commits a version or takes a step's groups);
+    the reply."""
+    import asyncio
+    import threading
+
+    from p2prl.net.messages import LeaseRequest
+
+    task = asyncio.create_task(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=30.0)))
+    for _ in range(500):  # until the request is held (bounded: 5 s)
+        if it.held.held:
+            break
+        await asyncio.sleep(0.01)
+    assert it.held.held == 1 and not task.done()
+    change()
+    threading.Thread(target=it.state.on_demand).start()
+    return await asyncio.wait_for(task, 10.0)
+
+
 def test_the_handler_grants_from_the_learners_demand_and_refuses_banned_and_suspect_peers(tmp_path, caplog):
     import logging
 
@@ -281,7 +322,6 @@ def test_a_request_with_no_work_is_held_until_the_learners_demand_grows(tmp_path
     training thread signals demand (``LearnerState.on_demand``); without a signal it is answered empty when its wait
     is over; an unknown sampler's request is answered at once."""
     import asyncio
-    import threading
 
     from p2prl.net.messages import LeaseRequest
 
@@ -295,28 +335,45 @@ def test_a_request_with_no_work_is_held_until_the_learners_demand_grows(tmp_path
     assert unknown.groups == 0 and "lease/held" not in it.state.report()["counts"]
     rep.vouch("12D3KooWsampler")
 
-    async def held_then_woken():
-        task = asyncio.create_task(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=30.0)))
-        for _ in range(500):  # until the request is held (bounded: 5 s)
-            if it.held.held:
-                break
-            await asyncio.sleep(0.01)
-        assert it.held.held == 1 and not task.done()
-        now[0] += first.life_s  # the first lease's life is over: what it owed is free again
+    def first_lease_over():  # its life is over: what it owed is free again
+        now[0] += first.life_s
 
-        def commit():  # as the training thread does when it commits a version (or takes a step's groups)
-            it.state.on_demand()
-
-        threading.Thread(target=commit).start()
-        return await asyncio.wait_for(task, 10.0)
-
-    woken = asyncio.run(held_then_woken())
+    woken = asyncio.run(held_then_woken(it, first_lease_over))
     assert woken.groups > 0 and it.held.held == 0
     counts = it.state.report()["counts"]
     assert counts["lease/held"] == 1 and counts["lease/expired"] == 1
     # nothing changes: answered empty once its wait is over (the learner holds it at most LONG_POLL_S)
     empty = asyncio.run(it.on_lease("12D3KooWsampler", LeaseRequest(16, 2.0, 6, wait_s=0.05)))
     assert empty.groups == 0 and it.state.report()["counts"]["lease/held"] == 2
+
+
+def test_a_request_held_while_the_learner_moved_past_half_its_span_is_answered_with_no_work(tmp_path):
+    """A long poll held while a fast learner moved on: a lease granted then from the version the request was asked
+    with would end before its groups are made, while its sampler most likely holds a newer version by then. Once the
+    learner passed half the versions such a lease spans (``held_too_long``) the request is answered with no work (its
+    sampler asks again with what it holds), and counted as refused behind if the learner passed them all."""
+    import asyncio
+
+    from p2prl.learner.intake import held_too_long
+    from p2prl.net.messages import LeaseRequest
+
+    assert not held_too_long(6, 8, 7) and held_too_long(6, 8, 8)
+    assert not held_too_long(6, 16, 11) and held_too_long(6, 16, 12)
+    it, rep, _ = learner_intake(tmp_path)
+    version = [6]
+    it.clock, it.version = (lambda: 1_000.0), (lambda: version[0])
+    assert asyncio.run(it.on_lease("12D3KooWfirst", LeaseRequest(16, 2.0, 6))).groups == 8  # all there is
+    rep.vouch("12D3KooWsampler")
+
+    def learner_at(v):  # the learner's version moves on while the request is held
+        return lambda: version.__setitem__(0, v)
+
+    reply = asyncio.run(held_then_woken(it, learner_at(8)))  # a lease from v6 spans to v8: half of it passed
+    assert (reply.groups, reply.until_version, reply.version) == (0, 8, 8)
+    assert "lease/refused/behind" not in it.state.report()["counts"]
+    reply = asyncio.run(held_then_woken(it, learner_at(9)))  # past the whole span: its sampler hears it is behind
+    assert (reply.groups, reply.until_version, reply.version) == (0, 8, 9)
+    assert it.state.report()["counts"]["lease/refused/behind"] == 1
 
 
 def test_what_leases_owe_counts_ahead_of_a_group_only_from_samplers_that_held_a_newer_version_and_as_they_deliver():

@@ -173,6 +173,17 @@ def test_a_sampler_refused_as_behind_for_half_a_minute_says_why_it_makes_nothing
     assert lnk.work(version=7, newest=8) == 1 and lnk.lease.behind_since is None
 
 
+def test_a_learner_with_no_work_is_not_waited_on_while_another_may_be_asked(monkeypatch):
+    """With two learners to ask, the first asked answers at once when it has no work (``wait_s`` 0: a long poll
+    there would keep the sampler from the other learner's work) and the other is asked next; the last learner that
+    may be asked holds the request until it has work (``LEASE_WAIT_S``)."""
+    monkeypatch.setattr(time, "monotonic", lambda: 1000.0)
+    lnk, node, _ = link(LeaseReply(0, 0, 9, 0.0, 4.0, 5, 0), [learner("L1"), learner("L2")])
+    assert lnk.work(version=5, newest=5) == 0 and lnk.lease.idle
+    asked = [(p, r.wait_s) for p, n, r in node.calls if n == "lease"]
+    assert sorted(p for p, _ in asked) == ["L1", "L2"] and [w for _, w in asked] == [0.0, LEASE_WAIT_S]
+
+
 def test_a_call_that_fills_the_lease_asks_for_more_as_it_starts_and_one_request_is_in_flight_at_most():
     lnk, node, _ = link(LeaseReply(3, 6, 12, 20.0, 1.0, 5, 0), [learner("L1")])
     assert lnk.work(version=5, newest=5) == 1
