@@ -92,9 +92,7 @@ def test_push_wastes_more_as_samplers_are_added_and_leases_do_not():
     waste = {n: run(p, "push", "full", n, 1, warm_s=10, measure_s=20).waste_pct for n in (2, 16, 48)}
     assert waste[2] < waste[16] < waste[48] and waste[48] > 50
     lease = run(p, "lease", "full", 48, 1, warm_s=10, measure_s=20)
-    # not none: leased groups wait in a full queue behind fresher ones (newest first) and some age out there
-    assert lease.waste_pct < waste[48] / 5 and lease.trained > run(p, "push", "full", 48, 1, warm_s=10,
-                                                                   measure_s=20).trained
+    assert lease.waste_pct < 10 and lease.trained > run(p, "push", "full", 48, 1, warm_s=10, measure_s=20).trained
 
 
 def test_lease_mode_refuses_work_to_samplers_behind_and_leases_to_the_others():
