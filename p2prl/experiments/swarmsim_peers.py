@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from p2prl.experiments.swarmsim_base import Holder, NoFiles, View
-from p2prl.learner.intake import ACTIVE_SENDER_S, LONG_POLL_MAX, LONG_POLL_S, held_too_long
+from p2prl.learner.intake import ACTIVE_SENDER_S, LONG_POLL_MAX, LONG_POLL_S, answer_held
 from p2prl.learner.leases import Lease
 from p2prl.learner.ledger import GroupLedger
 from p2prl.learner.state import LearnerState
 from p2prl.net.protocol import queue_bounds, queue_room
 from p2prl.rollout.record import RecordError, RolloutGroup
 from p2prl.sampler.delivery import ROOM_POLL_S
-from p2prl.sampler.lease import LEASE_WAIT_S, LeaseHolder
+from p2prl.sampler.lease import LeaseHolder
 from p2prl.sampler.outbox import Outbox, pick_learner
 
 if TYPE_CHECKING:
@@ -153,9 +153,7 @@ class SimLearner:
         """``HeldRequests.wake``: every request held asks the lease book again, in the order they came; those granted
         work, or whose version fell behind meanwhile, are answered (and, unasked, those held too long)."""
         for sid, (_, s, want, rate, held, first) in list(self.held.items()):
-            if held_too_long(held, first.until_version, self.version):
-                if first.until_version < self.version:
-                    self.state.lease_refused("behind")
+            if answer_held(self.state, held, first, self.version):
                 del self.held[sid]
                 s.lease_answered(self.id, first, 0.0)
                 continue
@@ -395,7 +393,7 @@ class SimSampler:
             if ask:
                 self.asking = True
                 self.w.clock.after(self.rtt / 2, self.lease_arrives, pick_learner(ask, self.w.rng),
-                                   LEASE_WAIT_S if len(ask) == 1 else 0.0)
+                                   lease.wait_s(len(ask)))
                 return 0
             lease.next_ask(list(self.w.by_id))
         return lease.call_size(now)

@@ -30,6 +30,7 @@ from p2prl.net.protocol import queue_bounds, queue_room
 
 if TYPE_CHECKING:
     from p2prl.config import FlowConfig
+    from p2prl.learner.leases import Lease
     from p2prl.learner.spotcheck import SpotChecker
     from p2prl.learner.state import LearnerState
     from p2prl.rollout.verify import Verifier
@@ -57,6 +58,17 @@ def held_too_long(asked_at: int, until_version: int, version: int) -> bool:
     ``until_version``): a lease granted now from the version it was asked with would end before its groups are made
     (a fast learner passes many versions in a long poll), while its sampler has most likely loaded a newer one."""
     return 2 * (version - asked_at) > until_version - asked_at
+
+
+def answer_held(state: LearnerState, asked_at: int, lease: Lease, version: int) -> bool:
+    """Whether a request held since ``asked_at`` with ``lease`` (no work) is answered now, at ``version``, with
+    no work (``held_too_long``); counted refused as behind if the learner passed the lease's ``until_version``, as a
+    fresh request with that version would be."""
+    if not held_too_long(asked_at, lease.until_version, version):
+        return False
+    if lease.until_version < version:
+        state.lease_refused("behind")
+    return True
 
 
 class HeldRequests:
@@ -410,9 +422,7 @@ class RolloutIntake:
             self.state.count("lease/held")
             while lease.groups == 0 and await self.held.wait(max(0.0, deadline - time.monotonic())):
                 version = self.version()
-                if held_too_long(req.version, lease.until_version, version):
-                    if lease.until_version < version:  # as a fresh request with its version would be
-                        self.state.lease_refused("behind")
+                if answer_held(self.state, req.version, lease, version):
                     break  # answered with no work (it asks again with the version it holds now)
                 lease, waiting = self.grant(peer, req, version, self.clock())
                 if lease.until_version < version:  # its version fell behind meanwhile: it is told so at once

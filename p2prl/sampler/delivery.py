@@ -219,7 +219,7 @@ class LearnerLink:
             if self.lease.held is not None or self.leasing is not None or not ask:
                 break
             # one told "no work" is asked no more; with another to ask, this one answers at once (no long poll)
-            self.ask_lease(pick_learner(ask, self.outbox.rng), version, LEASE_WAIT_S if len(ask) == 1 else 0.0)
+            self.ask_lease(pick_learner(ask, self.outbox.rng), version, self.lease.wait_s(len(ask)))
         self.lease.next_ask([r.peer_id for r in usable])
         return self.lease.call_size(time.monotonic())
 

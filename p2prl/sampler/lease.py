@@ -83,6 +83,11 @@ class LeaseHolder:
         """Whether to ask for a lease now (of ``learner``: one that told us to wait is not asked before its time)."""
         return self.held is None and now >= self.retry_at and (learner is None or self.told.get(learner, 0.0) <= now)
 
+    def wait_s(self, askable: int) -> float:
+        """How long the learner asked may hold the request while it has no work (a long poll): ``LEASE_WAIT_S`` when
+        it is the last of the ``askable`` learners, else 0 (it answers at once, and the next is asked)."""
+        return LEASE_WAIT_S if askable <= 1 else 0.0
+
     def next_ask(self, learners: list[str]) -> float:
         """When a lease may next be asked of one of ``learners`` (the wait of an idle sampler); learners no longer
         among them are forgotten."""
